@@ -1,0 +1,3 @@
+from infermux.cli import main
+
+raise SystemExit(main())

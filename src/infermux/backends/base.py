@@ -1,0 +1,81 @@
+"""The seam between infermux and a backend (Python, PyTorch, ONNX Runtime, TensorRT, ...).
+
+A :class:`Backend` is registered under a name (``infermux.backends`` entry points) and loads one
+:class:`BackendInstance` per configured model instance. Instances receive *batches*: a list of
+:class:`ModelRequest`, and return one result per request, so one bad request fails alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from infermux.model_config import ModelConfig
+from infermux.types import Parameters
+
+ExecuteResult = Mapping[str, npt.ArrayLike] | Exception
+"""Per request: output name -> array, or an exception that fails only that request."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelContext:
+    """What a model instance is told when it is created.
+
+    ``version_path`` is the version directory (``<repo>/<model>/<version>``); ``device`` is
+    ``"cpu"`` or ``"cuda:N"`` from the instance group; ``instance_name`` is unique per instance.
+    """
+
+    config: ModelConfig
+    version: int
+    model_path: Path
+    version_path: Path
+    instance_name: str
+    device: str = "cpu"
+
+
+@dataclass(slots=True)
+class ModelRequest:
+    """One request as a model sees it: validated numpy inputs and the outputs wanted.
+
+    ``inputs`` holds every input the client sent, with its full shape (batch dim included when
+    the model batches) and the config's dtype; BYTES inputs are object arrays of ``bytes``.
+    ``requested_outputs`` names the outputs to return; computing others is allowed but wasted.
+    """
+
+    inputs: dict[str, npt.NDArray[np.generic]]
+    requested_outputs: tuple[str, ...]
+    parameters: Parameters = field(default_factory=dict)
+    id: str = ""
+
+    @property
+    def batch_size(self) -> int:
+        """Rows in the batch dimension (1 for non-batching models)."""
+        first = next(iter(self.inputs.values()), None)
+        return int(first.shape[0]) if first is not None and first.ndim else 1
+
+
+class BackendInstance(Protocol):
+    """One loaded instance of a model version. Called from one thread at a time."""
+
+    def execute(self, requests: Sequence[ModelRequest]) -> Sequence[ExecuteResult]:
+        """Run a batch; return exactly one result per request, in order."""
+        ...
+
+    def close(self) -> None:
+        """Release everything the instance holds; called once, after its last ``execute``."""
+        ...
+
+
+class Backend(Protocol):
+    """Makes instances of one kind of model (chosen by config ``backend`` or ``platform``)."""
+
+    name: str
+
+    def load(self, context: ModelContext) -> BackendInstance:
+        """Create one instance; raise :class:`~infermux.errors.ModelLoadError` saying why not."""
+        ...

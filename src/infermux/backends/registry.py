@@ -1,0 +1,99 @@
+"""Finds the backend for a model: built-ins plus the ``infermux.backends`` entry-point group.
+
+Third-party backends are ordinary packages that declare
+``[project.entry-points."infermux.backends"] name = "pkg.module:BackendClass"``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from collections.abc import Callable
+from importlib.metadata import entry_points
+
+from infermux.backends.base import Backend
+from infermux.errors import ModelLoadError
+from infermux.model_config import ModelConfig
+
+logger = logging.getLogger(__name__)
+
+ENTRY_POINT_GROUP = "infermux.backends"
+
+# Built-ins are listed here too so that infermux works from a source tree without installed
+# metadata; an entry point with the same name (a third-party override) wins.
+_BUILTINS: dict[str, str] = {
+    "python": "infermux.backends.python:PythonBackend",
+}
+
+# Triton platform names -> the backend that serves them.
+_PLATFORMS: dict[str, str] = {
+    "pytorch_libtorch": "pytorch",
+    "torch_export": "pytorch",
+    "onnxruntime_onnx": "onnxruntime",
+    "tensorrt_plan": "tensorrt",
+}
+
+# Backends infermux plans to ship, with the extra that provides them, for a helpful load error.
+_EXTRAS: dict[str, str] = {"pytorch": "torch", "onnxruntime": "onnx", "tensorrt": "tensorrt"}
+
+
+def backend_name(config: ModelConfig) -> str:
+    """The backend a config asks for: ``backend`` if set, else the one mapped from ``platform``."""
+    if config.backend:
+        return config.backend
+    if config.platform in _PLATFORMS:
+        return _PLATFORMS[config.platform]
+    return config.platform
+
+
+class BackendRegistry:
+    """Resolves backend names to :class:`Backend` objects, creating each backend once."""
+
+    def __init__(self, extra: dict[str, Callable[[], Backend]] | None = None) -> None:
+        self._factories: dict[str, Callable[[], Backend]] = {}
+        for name, target in _BUILTINS.items():
+            self._factories[name] = _lazy(target)
+        for ep in entry_points(group=ENTRY_POINT_GROUP):
+            self._factories[ep.name] = _lazy(ep.value)
+        self._factories.update(extra or {})
+        self._backends: dict[str, Backend] = {}
+
+    @property
+    def names(self) -> list[str]:
+        """Every backend name that can be resolved."""
+        return sorted(self._factories)
+
+    def get(self, config: ModelConfig) -> Backend:
+        """The backend for ``config``; raises :class:`ModelLoadError` naming what is missing."""
+        name = backend_name(config)
+        if not name:
+            raise ModelLoadError(
+                f"model '{config.name}': config sets neither 'backend' nor 'platform'"
+            )
+        if name not in self._backends:
+            factory = self._factories.get(name)
+            if factory is None:
+                hint = (
+                    f"; install it with: pip install 'infermux[{_EXTRAS[name]}]'"
+                    if name in _EXTRAS
+                    else ""
+                )
+                raise ModelLoadError(
+                    f"model '{config.name}': no backend '{name}' is installed "
+                    f"(available: {', '.join(self.names)}){hint}"
+                )
+            self._backends[name] = factory()
+        return self._backends[name]
+
+
+def _lazy(target: str) -> Callable[[], Backend]:
+    def load() -> Backend:
+        module_name, _, attr = target.partition(":")
+        try:
+            cls = getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as exc:
+            raise ModelLoadError(f"backend '{target}' cannot be imported: {exc}") from exc
+        backend: Backend = cls()
+        return backend
+
+    return load

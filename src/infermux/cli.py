@@ -1,0 +1,232 @@
+"""``infermux`` command line. ``infermux serve`` takes ``tritonserver``'s flag names."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from collections.abc import Coroutine, Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+from infermux import __version__
+from infermux.errors import InfermuxError
+from infermux.settings import DEFAULT_MAX_INPUT_SIZE, ServerSettings, builtin_repository
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        # One line, as the CLI contract promises; the full usage is one --help away.
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _bool(value: str) -> bool:
+    lowered = value.strip().lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got '{value}'")
+
+
+def _port(value: str) -> int:
+    try:
+        port = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{value}' is not a port number") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"port {port} is outside 0-65535")
+    return port
+
+
+def _positive(kind: type[int] | type[float]) -> Any:
+    def parse(value: str) -> int | float:
+        try:
+            number = kind(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"'{value}' is not a {kind.__name__}") from None
+        if number <= 0:
+            raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+        return number
+
+    return parse
+
+
+def _non_negative_int(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{value}' is not an integer") from None
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return number
+
+
+_SERVE_HELP = "serve a model repository over the KServe V2 protocol"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level ``infermux`` parser (subcommands: ``serve``)."""
+    parser = _Parser(prog="infermux", description="A Python-first inference server (KServe V2).")
+    parser.add_argument("--version", action="version", version=f"infermux {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    _add_serve_arguments(commands.add_parser("serve", help=_SERVE_HELP))
+    return parser
+
+
+def build_serve_parser() -> argparse.ArgumentParser:
+    """The ``infermux serve`` parser on its own."""
+    return _add_serve_arguments(_Parser(prog="infermux serve", description=_SERVE_HELP))
+
+
+def _add_serve_arguments(serve: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    serve.epilog = (
+        f"Without --model-repository, serves the built-in examples ({builtin_repository()})."
+    )
+    serve.add_argument(
+        "--model-repository",
+        action="append",
+        type=Path,
+        metavar="DIR",
+        help="model repository directory (repeatable); default: the built-in examples",
+    )
+    serve.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to bind (default 127.0.0.1: local only; use 0.0.0.0 to expose)",
+    )
+    serve.add_argument("--http-port", type=_port, default=8000, help="HTTP port (default 8000)")
+    serve.add_argument("--grpc-port", type=_port, default=8001, help="gRPC port (default 8001)")
+    serve.add_argument(
+        "--metrics-port", type=_port, default=8002, help="metrics port (default 8002)"
+    )
+    serve.add_argument(
+        "--model-control-mode",
+        choices=("none", "poll", "explicit"),
+        default="none",
+        help="none: load all at start; poll: also reload on change; explicit: load via API",
+    )
+    serve.add_argument(
+        "--repository-poll-secs",
+        type=_positive(float),
+        default=15.0,
+        metavar="SECONDS",
+        help="poll interval in poll mode (default 15)",
+    )
+    serve.add_argument(
+        "--load-model",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="in explicit mode, model to load at startup (repeatable; '*' loads all)",
+    )
+    serve.add_argument(
+        "--strict-readiness",
+        type=_bool,
+        nargs="?",
+        const=True,
+        default=True,
+        metavar="BOOL",
+        help="ready only when every model is ready (default true)",
+    )
+    serve.add_argument(
+        "--allow-client-shm",
+        type=_bool,
+        nargs="?",
+        const=True,
+        default=False,
+        metavar="BOOL",
+        help="allow clients to register shared-memory regions (default false)",
+    )
+    serve.add_argument(
+        "--log-verbose",
+        type=_non_negative_int,
+        nargs="?",
+        const=1,
+        default=0,
+        metavar="LEVEL",
+        help="verbose logging level (0 = off)",
+    )
+    serve.add_argument(
+        "--http-max-input-size",
+        type=_positive(int),
+        default=DEFAULT_MAX_INPUT_SIZE,
+        metavar="BYTES",
+        help=f"largest HTTP request body accepted (default {DEFAULT_MAX_INPUT_SIZE})",
+    )
+    serve.add_argument(
+        "--exit-timeout-secs",
+        type=_positive(int),
+        default=30,
+        metavar="SECONDS",
+        help="how long shutdown waits for in-flight requests (default 30)",
+    )
+    return serve
+
+
+def parse_settings(argv: Sequence[str]) -> ServerSettings:
+    """Parse ``serve`` flags into settings; invalid combinations exit 2 with one line."""
+    serve_parser = build_serve_parser()
+    args = serve_parser.parse_args(argv)
+    if args.load_model and args.model_control_mode != "explicit":
+        serve_parser.error("--load-model requires --model-control-mode=explicit")
+    ports = [p for p in (args.http_port, args.grpc_port, args.metrics_port) if p != 0]
+    if len(ports) != len(set(ports)):
+        serve_parser.error("--http-port, --grpc-port and --metrics-port must differ")
+    repositories = tuple(args.model_repository or (builtin_repository(),))
+    for repo in repositories:
+        if not repo.is_dir():
+            serve_parser.error(f"--model-repository {repo}: not a directory")
+    return ServerSettings(
+        model_repositories=repositories,
+        host=args.host,
+        http_port=args.http_port,
+        grpc_port=args.grpc_port,
+        metrics_port=args.metrics_port,
+        model_control_mode=args.model_control_mode,
+        repository_poll_secs=args.repository_poll_secs,
+        load_models=tuple(args.load_model),
+        strict_readiness=args.strict_readiness,
+        allow_client_shm=args.allow_client_shm,
+        log_verbose=args.log_verbose,
+        http_max_input_size=args.http_max_input_size,
+        exit_timeout_secs=args.exit_timeout_secs,
+    )
+
+
+def _run(coro: Coroutine[Any, Any, None]) -> None:
+    try:
+        import uvloop
+    except ImportError:  # e.g. Windows: plain asyncio
+        asyncio.run(coro)
+    else:
+        uvloop.run(coro)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] != "serve":
+        parser = build_parser()
+        parser.parse_args(argv)  # handles --help/--version and reports unknown commands
+        parser.print_help(sys.stderr)
+        return 2
+    settings = parse_settings(argv[1:])
+    logging.basicConfig(
+        level=logging.DEBUG if settings.log_verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    from infermux.server import StartupError, serve
+
+    try:
+        _run(serve(settings))
+    except (StartupError, InfermuxError) as exc:
+        print(f"infermux: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:  # a signal before the handlers were installed
+        return 0
+    return 0

@@ -1,0 +1,5 @@
+"""The transport-free data plane: every V2 operation, shared by all front ends."""
+
+from infermux.dataplane.plane import DataPlane
+
+__all__ = ["DataPlane"]

@@ -1,0 +1,1 @@
+"""Front ends: wire codecs and thin handlers over :class:`infermux.dataplane.DataPlane`."""

@@ -1,0 +1,323 @@
+"""The one typed, validated model configuration object the rest of infermux reads.
+
+It is built from Triton's ``ModelConfig`` protobuf message (parsed from ``config.pbtxt`` or
+``config.yaml`` by :mod:`infermux.repository.config_file`) and keeps that message for the
+``/config`` endpoint, so clients such as perf_analyzer see exactly Triton's JSON.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from google.protobuf import json_format
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import Message
+from tritonclient.grpc import model_config_pb2 as pb
+
+from infermux.errors import ConfigError
+
+__all__ = [
+    "DynamicBatchingConfig",
+    "InstanceGroupConfig",
+    "ModelConfig",
+    "TensorConfig",
+    "VersionPolicy",
+    "config_datatype",
+    "message_to_json_dict",
+    "pb",
+]
+
+_TYPE_PREFIX = "TYPE_"
+
+
+def config_datatype(type_name: str) -> str:
+    """Map a config ``TYPE_*`` enum name to its V2 datatype (``TYPE_STRING`` is ``BYTES``)."""
+    name = type_name.removeprefix(_TYPE_PREFIX)
+    return "BYTES" if name == "STRING" else name
+
+
+@dataclass(frozen=True, slots=True)
+class TensorConfig:
+    """An input or output as declared in the config. ``dims`` excludes the batch dimension."""
+
+    name: str
+    datatype: str
+    dims: tuple[int, ...]
+    optional: bool = False
+    reshape: tuple[int, ...] | None = None
+    allow_ragged_batch: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceGroupConfig:
+    """``instance_group``: ``count`` instances of ``kind`` (KIND_CPU, KIND_GPU, ...) on ``gpus``."""
+
+    name: str
+    kind: str
+    count: int
+    gpus: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class DynamicBatchingConfig:
+    """``dynamic_batching``; the scheduler reads it, the queue policies stay in ``proto``."""
+
+    preferred_batch_sizes: tuple[int, ...] = ()
+    max_queue_delay_microseconds: int = 0
+    preserve_ordering: bool = False
+    priority_levels: int = 0
+    default_priority_level: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class VersionPolicy:
+    """Which of the versions found on disk are served (Triton's ``version_policy``)."""
+
+    kind: Literal["latest", "all", "specific"] = "latest"
+    num_versions: int = 1
+    versions: tuple[int, ...] = ()
+
+    def select(self, available: Sequence[int]) -> list[int]:
+        """The versions to serve out of ``available``, ascending."""
+        found = sorted(set(available))
+        if self.kind == "all":
+            return found
+        if self.kind == "specific":
+            return [v for v in found if v in self.versions]
+        return found[-self.num_versions :] if self.num_versions > 0 else []
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A validated model configuration. Build it with :meth:`from_proto`."""
+
+    name: str
+    platform: str
+    backend: str
+    max_batch_size: int
+    inputs: tuple[TensorConfig, ...]
+    outputs: tuple[TensorConfig, ...]
+    version_policy: VersionPolicy
+    instance_groups: tuple[InstanceGroupConfig, ...]
+    dynamic_batching: DynamicBatchingConfig | None
+    parameters: Mapping[str, str]
+    default_model_filename: str
+    proto: pb.ModelConfig = dataclasses.field(repr=False, compare=False)
+
+    @property
+    def batching(self) -> bool:
+        """True when the first dimension of every input/output is a batch dimension."""
+        return self.max_batch_size > 0
+
+    def input(self, name: str) -> TensorConfig | None:
+        """The input named ``name``, or None."""
+        return next((t for t in self.inputs if t.name == name), None)
+
+    def output(self, name: str) -> TensorConfig | None:
+        """The output named ``name``, or None."""
+        return next((t for t in self.outputs if t.name == name), None)
+
+    def full_shape(self, tensor: TensorConfig) -> tuple[int, ...]:
+        """The shape a client sees: ``[-1] + dims`` when batching, else ``dims``."""
+        return ((-1,) if self.batching else ()) + tensor.dims
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """The config as Triton's ``/config`` JSON: snake_case, every field, int64 as numbers."""
+        return message_to_json_dict(self.proto)
+
+    @classmethod
+    def from_proto(cls, message: pb.ModelConfig, source: str = "") -> ModelConfig:
+        """Validate ``message`` and build the typed config; errors name ``source`` and the field."""
+        return _build(message, source)
+
+
+def _build(message: pb.ModelConfig, source: str) -> ModelConfig:
+    def fail(field: str, problem: str) -> ConfigError:
+        return ConfigError(source, field, problem)
+
+    if not message.name:
+        raise fail("name", "must not be empty")
+    if message.max_batch_size < 0:
+        raise fail("max_batch_size", f"must be >= 0, got {message.max_batch_size}")
+
+    inputs = tuple(
+        _tensor(t, f"input[{i}]", fail, allow_optional=True) for i, t in enumerate(message.input)
+    )
+    outputs = tuple(
+        _tensor(t, f"output[{i}]", fail, allow_optional=False) for i, t in enumerate(message.output)
+    )
+    for kind, tensors in (("input", inputs), ("output", outputs)):
+        seen: set[str] = set()
+        for i, tensor in enumerate(tensors):
+            if tensor.name in seen:
+                raise fail(f"{kind}[{i}].name", f"duplicate {kind} name '{tensor.name}'")
+            seen.add(tensor.name)
+
+    dynamic: DynamicBatchingConfig | None = None
+    if message.HasField("dynamic_batching"):
+        dynamic = _dynamic_batching(message.dynamic_batching, message.max_batch_size, fail)
+
+    groups = []
+    for i, group in enumerate(message.instance_group):
+        if group.count < 0:
+            raise fail(f"instance_group[{i}].count", f"must be >= 1, got {group.count}")
+        if any(g < 0 for g in group.gpus):
+            raise fail(f"instance_group[{i}].gpus", "GPU ids must be >= 0")
+        groups.append(
+            InstanceGroupConfig(
+                name=group.name or f"{message.name}_{i}",
+                kind=pb.ModelInstanceGroup.Kind.Name(group.kind),
+                count=group.count or 1,
+                gpus=tuple(group.gpus),
+            )
+        )
+
+    parameters: dict[str, str] = {}
+    for key, value in message.parameters.items():
+        parameters[key] = value.string_value
+
+    return ModelConfig(
+        name=message.name,
+        platform=message.platform,
+        backend=message.backend,
+        max_batch_size=message.max_batch_size,
+        inputs=inputs,
+        outputs=outputs,
+        version_policy=_version_policy(message, fail),
+        instance_groups=tuple(groups),
+        dynamic_batching=dynamic,
+        parameters=parameters,
+        default_model_filename=message.default_model_filename,
+        proto=message,
+    )
+
+
+def _tensor(
+    t: pb.ModelInput | pb.ModelOutput,
+    field: str,
+    fail: Any,
+    *,
+    allow_optional: bool,
+) -> TensorConfig:
+    if not t.name:
+        raise fail(f"{field}.name", "must not be empty")
+    where = f"{field} '{t.name}'"
+    if t.data_type == pb.TYPE_INVALID:
+        raise fail(f"{where}.data_type", "must be set to a TYPE_* value")
+    dims = tuple(int(d) for d in t.dims)
+    if not dims:
+        raise fail(f"{where}.dims", "must have at least one dimension")
+    if any(d == 0 or d < -1 for d in dims):
+        raise fail(f"{where}.dims", f"each dim must be > 0 or -1, got {list(dims)}")
+    reshape = tuple(int(d) for d in t.reshape.shape) if t.HasField("reshape") else None
+    return TensorConfig(
+        name=t.name,
+        datatype=config_datatype(pb.DataType.Name(t.data_type)),
+        dims=dims,
+        optional=bool(getattr(t, "optional", False)) if allow_optional else False,
+        reshape=reshape,
+        allow_ragged_batch=bool(getattr(t, "allow_ragged_batch", False)),
+    )
+
+
+def _dynamic_batching(
+    db: pb.ModelDynamicBatching, max_batch_size: int, fail: Any
+) -> DynamicBatchingConfig:
+    if max_batch_size == 0:
+        raise fail("dynamic_batching", "requires max_batch_size > 0")
+    for size in db.preferred_batch_size:
+        if size <= 0 or size > max_batch_size:
+            raise fail(
+                "dynamic_batching.preferred_batch_size",
+                f"{size} must be in [1, max_batch_size={max_batch_size}]",
+            )
+    if db.priority_levels and not 1 <= db.default_priority_level <= db.priority_levels:
+        raise fail(
+            "dynamic_batching.default_priority_level",
+            f"{db.default_priority_level} must be in [1, priority_levels={db.priority_levels}]",
+        )
+    return DynamicBatchingConfig(
+        preferred_batch_sizes=tuple(db.preferred_batch_size),
+        max_queue_delay_microseconds=db.max_queue_delay_microseconds,
+        preserve_ordering=db.preserve_ordering,
+        priority_levels=db.priority_levels,
+        default_priority_level=db.default_priority_level,
+    )
+
+
+def _version_policy(message: pb.ModelConfig, fail: Any) -> VersionPolicy:
+    if not message.HasField("version_policy"):
+        return VersionPolicy()
+    policy = message.version_policy
+    choice = policy.WhichOneof("policy_choice")
+    if choice == "all":
+        return VersionPolicy(kind="all")
+    if choice == "specific":
+        versions = tuple(int(v) for v in policy.specific.versions)
+        if not versions or any(v <= 0 for v in versions):
+            raise fail("version_policy.specific.versions", "must list positive version numbers")
+        return VersionPolicy(kind="specific", versions=versions)
+    num = policy.latest.num_versions if choice == "latest" else 1
+    if num == 0:
+        raise fail("version_policy.latest.num_versions", "must be >= 1")
+    return VersionPolicy(kind="latest", num_versions=num)
+
+
+_INT64_TYPES = frozenset(
+    {
+        FieldDescriptor.TYPE_INT64,
+        FieldDescriptor.TYPE_UINT64,
+        FieldDescriptor.TYPE_SINT64,
+        FieldDescriptor.TYPE_FIXED64,
+        FieldDescriptor.TYPE_SFIXED64,
+    }
+)
+
+
+def message_to_json_dict(message: Message) -> dict[str, Any]:
+    """Triton's JSON rendering of a protobuf message.
+
+    ``MessageToDict`` renders 64-bit integers as strings (proto3 JSON mapping), but Triton and
+    perf_analyzer read them as numbers, so they are turned back into ints by walking the descriptor.
+    """
+    raw: dict[str, Any] = json_format.MessageToDict(
+        message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    )
+    _fix_int64(message, raw)
+    return raw
+
+
+def _fix_int64(message: Message, raw: dict[str, Any]) -> None:
+    for field in message.DESCRIPTOR.fields:
+        if field.name not in raw:
+            continue
+        value = raw[field.name]
+        if field.message_type is not None and field.message_type.GetOptions().map_entry:
+            value_field = field.message_type.fields_by_name["value"]
+            submessages = getattr(message, field.name)
+            for key in value:
+                if value_field.message_type is not None:
+                    # proto map keys are rendered as strings; look the entry up by its real key.
+                    real_key = next(k for k in submessages if str(k) == key)
+                    _fix_int64(submessages[real_key], value[key])
+                elif value_field.type in _INT64_TYPES:
+                    value[key] = int(value[key])
+        elif field.message_type is not None:
+            if _is_repeated(field):
+                for sub, sub_raw in zip(getattr(message, field.name), value, strict=True):
+                    _fix_int64(sub, sub_raw)
+            else:
+                _fix_int64(getattr(message, field.name), value)
+        elif field.type in _INT64_TYPES:
+            raw[field.name] = [int(v) for v in value] if _is_repeated(field) else int(value)
+
+
+def _is_repeated(field: Any) -> bool:
+    # ``label`` is deprecated in newer protobuf releases in favour of ``is_repeated``.
+    is_repeated = getattr(field, "is_repeated", None)
+    if is_repeated is not None:
+        return bool(is_repeated)
+    return bool(field.label == FieldDescriptor.LABEL_REPEATED)

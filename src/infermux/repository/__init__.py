@@ -1,0 +1,16 @@
+"""The model repository: Triton layout on disk, config files, versions and the loaded models."""
+
+from infermux.repository.config_file import load_model_config, parse_config_text
+from infermux.repository.layout import ModelSource, discover_models, list_versions
+from infermux.repository.manager import ControlMode, LoadedModel, ModelRepository
+
+__all__ = [
+    "ControlMode",
+    "LoadedModel",
+    "ModelRepository",
+    "ModelSource",
+    "discover_models",
+    "list_versions",
+    "load_model_config",
+    "parse_config_text",
+]

@@ -1,0 +1,378 @@
+"""Loads, serves, reloads and unloads model versions; the data plane's view of what is served.
+
+A (re)load builds the new versions completely beside the old ones and then swaps them in with one
+assignment, so requests never see a half-loaded model; replaced versions drain what they admitted
+before their instances are closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from infermux.backends.base import BackendInstance, ModelContext
+from infermux.backends.registry import BackendRegistry
+from infermux.errors import (
+    InfermuxError,
+    ModelLoadError,
+    NotFoundError,
+    UnavailableError,
+    UnsupportedError,
+)
+from infermux.model_config import ModelConfig
+from infermux.repository.config_file import load_model_config
+from infermux.repository.layout import ModelSource, discover_models, fingerprint, list_versions
+from infermux.scheduling import GreedyBatcher, Scheduler
+from infermux.types import RepositoryIndexEntry
+
+logger = logging.getLogger(__name__)
+
+LOAD_CONCURRENCY = 4  # Triton's --model-load-thread-count default
+
+
+class ControlMode(str, enum.Enum):
+    """``--model-control-mode``, with Triton's meaning."""
+
+    NONE = "none"
+    POLL = "poll"
+    EXPLICIT = "explicit"
+
+
+class State(str, enum.Enum):
+    """A model version's state as the repository index reports it."""
+
+    LOADING = "LOADING"
+    READY = "READY"
+    UNLOADING = "UNLOADING"
+    UNAVAILABLE = "UNAVAILABLE"
+
+
+@dataclass(slots=True)
+class LoadedModel:
+    """One served model version."""
+
+    config: ModelConfig
+    version: int
+    scheduler: Scheduler
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+
+@dataclass(slots=True)
+class _Entry:
+    """Everything known about one model name."""
+
+    source: ModelSource | None
+    serving: dict[int, LoadedModel] = field(default_factory=dict)
+    states: dict[int, tuple[State, str]] = field(default_factory=dict)
+    model_error: str = ""  # set when the model failed before any version could be tried
+    requested: bool = False  # should be loaded; drives strict readiness
+    fingerprint: tuple[tuple[str, int, int], ...] = ()
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+class ModelRepository:
+    """The set of models found in the repositories, and the versions being served."""
+
+    def __init__(
+        self,
+        repositories: Sequence[Path],
+        registry: BackendRegistry,
+        *,
+        control_mode: ControlMode = ControlMode.NONE,
+        startup_models: Sequence[str] = (),
+        poll_seconds: float = 15.0,
+    ) -> None:
+        self._repositories = list(repositories)
+        self._registry = registry
+        self._mode = control_mode
+        self._startup_models = list(startup_models)
+        self._poll_seconds = poll_seconds
+        self._entries: dict[str, _Entry] = {}
+        self._limit = asyncio.Semaphore(LOAD_CONCURRENCY)
+        self._poller: asyncio.Task[None] | None = None
+
+    @property
+    def control_mode(self) -> ControlMode:
+        return self._mode
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Discover the repositories and load what the control mode says to load at startup."""
+        sources = discover_models(self._repositories)
+        self._entries = {name: _Entry(source) for name, source in sources.items()}
+        if self._mode is ControlMode.EXPLICIT:
+            wanted = list(sources) if "*" in self._startup_models else self._startup_models
+            missing = [name for name in wanted if name not in sources]
+            for name in missing:
+                logger.error("--load-model %s: no such model in the repositories", name)
+                self._entries[name] = _Entry(None, model_error="not found in any repository")
+                self._entries[name].requested = True
+        else:
+            wanted = list(sources)
+        await asyncio.gather(*(self._load_at_startup(name) for name in wanted if name in sources))
+        if self._mode is ControlMode.POLL:
+            self._poller = asyncio.get_running_loop().create_task(self._poll_forever())
+
+    async def _load_at_startup(self, name: str) -> None:
+        # A model that fails to load is reported (log + index) and must not stop the others.
+        with contextlib.suppress(InfermuxError):  # already logged and recorded as its reason
+            await self.load(name)
+
+    async def close(self) -> None:
+        """Stop polling and unload every model, letting admitted requests finish first."""
+        if self._poller is not None:
+            self._poller.cancel()
+            await asyncio.gather(self._poller, return_exceptions=True)
+        await asyncio.gather(*(self._unload(name) for name in list(self._entries)))
+
+    # -- lookups for the data plane ---------------------------------------------------------------
+
+    def get(self, name: str, version: str = "") -> LoadedModel:
+        """The served version ``version`` of ``name`` (the highest one when ``version`` is "")."""
+        entry = self._entries.get(name)
+        if entry is None:
+            raise NotFoundError(f"Request for unknown model: '{name}' is not found")
+        if version:
+            if not version.isdigit():
+                raise NotFoundError(
+                    f"Request for unknown model: '{name}' version '{version}' is not found"
+                )
+            model = entry.serving.get(int(version))
+            if model is None:
+                state = entry.states.get(int(version))
+                if state is not None and state[0] is State.LOADING:
+                    raise UnavailableError(f"model '{name}' version {version} is still loading")
+                raise NotFoundError(
+                    f"Request for unknown model: '{name}' version {version} is not found"
+                )
+            return model
+        if not entry.serving:
+            raise UnavailableError(f"Request for unavailable model: '{name}' has no ready version")
+        return entry.serving[max(entry.serving)]
+
+    def is_ready(self, name: str, version: str = "") -> bool:
+        """Whether ``get(name, version)`` would succeed."""
+        try:
+            self.get(name, version)
+        except InfermuxError:
+            return False
+        return True
+
+    def ready_versions(self, name: str) -> list[int]:
+        """Served versions of ``name``, ascending."""
+        entry = self._entries.get(name)
+        return sorted(entry.serving) if entry else []
+
+    def all_ready(self) -> bool:
+        """Strict readiness: every model that should be loaded serves every version it should."""
+        for entry in self._entries.values():
+            if not entry.requested:
+                continue
+            if entry.model_error or not entry.serving:
+                return False
+            if any(state is not State.READY for state, _ in entry.states.values()):
+                return False
+        return True
+
+    def index(self, *, ready_only: bool = False) -> list[RepositoryIndexEntry]:
+        """The repository index: one row per known model version (or per model never loaded)."""
+        rows: list[RepositoryIndexEntry] = []
+        for name in sorted(self._entries):
+            entry = self._entries[name]
+            if entry.model_error and not entry.states:
+                if not ready_only:
+                    rows.append(
+                        RepositoryIndexEntry(name, "", State.UNAVAILABLE, entry.model_error)
+                    )
+                continue
+            if not entry.states and not ready_only:
+                rows.append(RepositoryIndexEntry(name, "", "", ""))
+            for version in sorted(entry.states):
+                state, reason = entry.states[version]
+                if ready_only and state is not State.READY:
+                    continue
+                rows.append(RepositoryIndexEntry(name, str(version), state.value, reason))
+        return rows
+
+    # -- control ----------------------------------------------------------------------------------
+
+    def check_explicit(self, action: str) -> None:
+        """Raise unless the repository API may change what is loaded (explicit mode)."""
+        if self._mode is not ControlMode.EXPLICIT:
+            raise UnsupportedError(
+                f"explicit model {action} is not allowed: the server runs with "
+                f"--model-control-mode={self._mode.value} (use explicit)"
+            )
+
+    async def load(self, name: str, config_override: str | None = None) -> None:
+        """Load ``name`` (or reload it: the new versions replace the old ones only when ready).
+
+        Raises the load error when no version of the model could be loaded.
+        """
+        entry = self._entries.get(name)
+        if entry is None or entry.source is None:
+            sources = discover_models(self._repositories)
+            if name not in sources:
+                raise NotFoundError(f"failed to load '{name}': no such model in the repositories")
+            entry = self._entries[name] = _Entry(sources[name])
+        entry.requested = True
+        async with entry.lock, self._limit:
+            await self._load_locked(entry, name, config_override)
+
+    async def unload(self, name: str) -> None:
+        """Unload every version of ``name`` once its admitted requests have finished."""
+        if name not in self._entries:
+            raise NotFoundError(f"failed to unload '{name}': no such model")
+        await self._unload(name)
+
+    async def poll_once(self) -> None:
+        """Poll mode: load new models, reload changed ones, unload removed ones."""
+        sources = discover_models(self._repositories)
+        for name in [n for n in self._entries if n not in sources]:
+            logger.info("model '%s' was removed from the repository: unloading", name)
+            await self._unload(name)
+            del self._entries[name]
+        for name, source in sources.items():
+            entry = self._entries.get(name)
+            current = await asyncio.to_thread(fingerprint, source.path)
+            if entry is None or entry.fingerprint != current:
+                logger.info("model '%s' is new or changed: loading", name)
+                try:
+                    await self.load(name)
+                except InfermuxError as exc:
+                    logger.error("reloading model '%s' failed: %s", name, exc)
+
+    # -- internals --------------------------------------------------------------------------------
+
+    async def _poll_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self._poll_seconds)
+            try:
+                await self.poll_once()
+            except Exception:
+                logger.exception("polling the model repository failed")
+
+    async def _load_locked(self, entry: _Entry, name: str, config_override: str | None) -> None:
+        assert entry.source is not None
+        path = entry.source.path
+        entry.fingerprint = await asyncio.to_thread(fingerprint, path)
+        try:
+            config = await asyncio.to_thread(load_model_config, path, config_override)
+            versions = config.version_policy.select(await asyncio.to_thread(list_versions, path))
+            if not versions:
+                raise ModelLoadError(
+                    f"model '{name}': no version directory matches the version policy in {path}"
+                )
+        except InfermuxError as exc:
+            logger.error("failed to load model '%s': %s", name, exc)
+            if not entry.serving:
+                entry.model_error = str(exc)
+            raise
+
+        for version in versions:
+            if version not in entry.serving:
+                entry.states[version] = (State.LOADING, "")
+        results = await asyncio.gather(*(self._load_version(config, path, v) for v in versions))
+        fresh: dict[int, LoadedModel] = {}
+        errors: list[str] = []
+        for version, result in zip(versions, results, strict=True):
+            if isinstance(result, LoadedModel):
+                fresh[version] = result
+                entry.states[version] = (State.READY, "")
+                logger.info("loaded model '%s' version %d", name, version)
+            else:
+                errors.append(result)
+                logger.error("failed to load model '%s' version %d: %s", name, version, result)
+                if version in entry.serving:  # keep serving the old instance of this version
+                    fresh[version] = entry.serving[version]
+                    entry.states[version] = (State.READY, f"reload failed: {result}")
+                else:
+                    entry.states[version] = (State.UNAVAILABLE, result)
+        if not fresh:
+            entry.model_error = "; ".join(errors)
+            raise ModelLoadError(entry.model_error)
+        entry.model_error = ""
+        retired = [m for v, m in entry.serving.items() if fresh.get(v) is not m]
+        entry.serving = fresh  # the atomic switch: new requests see only the fresh versions
+        for version in [v for v in entry.states if v not in fresh and v not in versions]:
+            del entry.states[version]
+        await self._retire(retired)
+
+    async def _load_version(
+        self, config: ModelConfig, path: Path, version: int
+    ) -> LoadedModel | str:
+        try:
+            backend = self._registry.get(config)
+            instances = await asyncio.to_thread(
+                _create_instances, backend.load, config, path, version
+            )
+        except InfermuxError as exc:
+            return str(exc)
+        except Exception as exc:
+            logger.exception("model '%s' version %d: unexpected load failure", config.name, version)
+            return f"{type(exc).__name__}: {exc}"
+        batch_rows = config.max_batch_size if config.dynamic_batching is not None else 1
+        scheduler = GreedyBatcher(f"{config.name}_v{version}", instances, max_batch_rows=batch_rows)
+        return LoadedModel(config, version, scheduler)
+
+    async def _unload(self, name: str) -> None:
+        entry = self._entries.get(name)
+        if entry is None:
+            return
+        async with entry.lock:
+            entry.requested = False
+            retired = list(entry.serving.values())
+            for version in entry.serving:
+                entry.states[version] = (State.UNLOADING, "")
+            entry.serving = {}
+            await self._retire(retired)
+            for version in list(entry.states):
+                entry.states[version] = (State.UNAVAILABLE, "unloaded")
+
+    async def _retire(self, models: Iterable[LoadedModel]) -> None:
+        await asyncio.gather(*(m.scheduler.close() for m in models))
+        for model in models:
+            logger.info("unloaded model '%s' version %d", model.name, model.version)
+
+
+def _create_instances(
+    load: object, config: ModelConfig, path: Path, version: int
+) -> list[BackendInstance]:
+    assert callable(load)
+    contexts = []
+    groups = config.instance_groups or ()
+    if not groups:
+        contexts.append(("cpu", f"{config.name}_0_0"))
+    for group in groups:
+        devices = [f"cuda:{g}" for g in group.gpus] if group.kind == "KIND_GPU" else ["cpu"]
+        if group.kind == "KIND_GPU" and not group.gpus:
+            devices = ["cuda:0"]
+        for device in devices:
+            for i in range(group.count):
+                contexts.append((device, f"{group.name}_{device.replace(':', '')}_{i}"))
+    instances: list[BackendInstance] = []
+    try:
+        for device, instance_name in contexts:
+            context = ModelContext(
+                config=config,
+                version=version,
+                model_path=path,
+                version_path=path / str(version),
+                instance_name=instance_name,
+                device=device,
+            )
+            instances.append(load(context))
+    except BaseException:
+        for instance in instances:
+            instance.close()
+        raise
+    return instances

@@ -1,0 +1,33 @@
+"""Server settings, as set by ``infermux serve`` flags (named after ``tritonserver``'s)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+DEFAULT_MAX_INPUT_SIZE = 64 * 1024 * 1024  # tritonserver's --http-max-input-size default
+
+
+def builtin_repository() -> Path:
+    """The example model repository shipped inside the package (served when none is given)."""
+    return Path(str(resources.files("infermux") / "examples" / "model_repository"))
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """Everything ``infermux serve`` can be told; defaults match ``tritonserver``'s."""
+
+    model_repositories: tuple[Path, ...] = field(default_factory=lambda: (builtin_repository(),))
+    host: str = "127.0.0.1"
+    http_port: int = 8000
+    grpc_port: int = 8001
+    metrics_port: int = 8002
+    model_control_mode: str = "none"
+    repository_poll_secs: float = 15.0
+    load_models: tuple[str, ...] = ()
+    strict_readiness: bool = True
+    allow_client_shm: bool = False
+    log_verbose: int = 0
+    http_max_input_size: int = DEFAULT_MAX_INPUT_SIZE
+    exit_timeout_secs: int = 30

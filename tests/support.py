@@ -1,0 +1,171 @@
+"""Helpers shared by the test suites: tiny model repositories and a real server subprocess."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+from infermux.types import DATATYPES
+
+IDENTITY_MODEL = """
+from typing import Any
+
+
+class Model:
+    def execute(self, requests: list[Any]) -> list[Any]:
+        return [{"OUTPUT0": r.inputs["INPUT0"]} for r in requests]
+"""
+
+# Fails requests whose first element is negative, and raises outright when asked to.
+PICKY_MODEL = """
+from typing import Any
+
+import infermux
+
+
+class Model:
+    def execute(self, requests: list[Any]) -> list[Any]:
+        out: list[Any] = []
+        for r in requests:
+            x = r.inputs["INPUT0"]
+            if x.reshape(-1)[0] < 0:
+                out.append(infermux.InvalidArgumentError("INPUT0 must not start negative"))
+            elif x.reshape(-1)[0] == 13:
+                raise RuntimeError("unlucky batch")
+            else:
+                out.append({"OUTPUT0": x * 2})
+        return out
+"""
+
+SLOW_MODEL = """
+import time
+from typing import Any
+
+
+class Model:
+    def execute(self, requests: list[Any]) -> list[Any]:
+        time.sleep(float(requests[0].inputs["INPUT0"].reshape(-1)[0]))
+        return [{"OUTPUT0": r.inputs["INPUT0"]} for r in requests]
+"""
+
+
+def config_type(datatype: str) -> str:
+    return "TYPE_STRING" if datatype == "BYTES" else f"TYPE_{datatype}"
+
+
+def write_model(
+    repo: Path,
+    name: str,
+    *,
+    datatype: str = "FP32",
+    dims: str = "[ -1 ]",
+    max_batch_size: int = 8,
+    source: str = IDENTITY_MODEL,
+    extra: str = "dynamic_batching { }",
+    versions: Sequence[int] = (1,),
+) -> Path:
+    """An identity-shaped python model ``INPUT0 -> OUTPUT0`` in ``repo``."""
+    model_dir = repo / name
+    model_dir.mkdir(parents=True, exist_ok=True)
+    if max_batch_size == 0:
+        extra = extra.replace("dynamic_batching { }", "")
+    (model_dir / "config.pbtxt").write_text(
+        f'name: "{name}"\nbackend: "python"\nmax_batch_size: {max_batch_size}\n'
+        f'input [ {{ name: "INPUT0", data_type: {config_type(datatype)}, dims: {dims} }} ]\n'
+        f'output [ {{ name: "OUTPUT0", data_type: {config_type(datatype)}, dims: {dims} }} ]\n'
+        f"{extra}\n"
+    )
+    for version in versions:
+        (model_dir / str(version)).mkdir(exist_ok=True)
+        (model_dir / str(version) / "model.py").write_text(source)
+    return model_dir
+
+
+def identity_name(datatype: str) -> str:
+    return f"identity_{datatype.lower()}"
+
+
+def write_datatype_repository(repo: Path) -> None:
+    """One identity model per V2 datatype, named ``identity_<datatype>``."""
+    for datatype in DATATYPES:
+        write_model(repo, identity_name(datatype), datatype=datatype)
+
+
+_READY = re.compile(r"ready: HTTP on http://([^:]+):(\d+)")
+
+
+@dataclass
+class ServerProcess:
+    """A real ``infermux serve`` subprocess; its stderr is collected in ``log``."""
+
+    process: subprocess.Popen[str]
+    host: str = ""
+    http_port: int = 0
+    log: list[str] = field(default_factory=list)
+    reader: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        return f"{self.host}:{self.http_port}"
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+        return self.process.wait(timeout)
+
+    def __enter__(self) -> ServerProcess:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)
+        if self.reader is not None:
+            self.reader.join(10)
+        if self.process.stderr is not None:
+            self.process.stderr.close()
+
+
+def start_server(*args: str, timeout: float = 60) -> ServerProcess:
+    """Start ``infermux serve`` on free ports and wait until it reports ready."""
+    command = [sys.executable, "-m", "infermux", "serve", "--http-port", "0"]
+    command += ["--grpc-port", "0", "--metrics-port", "0", *args]
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    process = subprocess.Popen(
+        command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env
+    )
+    server = ServerProcess(process)
+    ready = threading.Event()
+
+    def pump() -> None:
+        assert process.stderr is not None
+        for line in process.stderr:
+            server.log.append(line.rstrip("\n"))
+            match = _READY.search(line)
+            if match:
+                server.host, server.http_port = match.group(1), int(match.group(2))
+                ready.set()
+
+    server.reader = threading.Thread(target=pump, daemon=True)
+    server.reader.start()
+    deadline = time.monotonic() + timeout
+    while not ready.wait(0.05):
+        if process.poll() is not None or time.monotonic() > deadline:
+            server.__exit__(None, None, None)
+            log = "\n".join(server.log)
+            raise RuntimeError(f"infermux serve did not become ready:\n{log}")
+    return server
