@@ -134,9 +134,12 @@ class ModelConfig:
         return _build(message, source)
 
 
-def _build(message: pb.ModelConfig, source: str) -> ModelConfig:
+def _build(parsed: pb.ModelConfig, source: str) -> ModelConfig:
     def fail(field: str, problem: str) -> ConfigError:
         return ConfigError(source, field, problem)
+
+    message = pb.ModelConfig()
+    message.CopyFrom(parsed)
 
     if not message.name:
         raise fail("name", "must not be empty")
@@ -160,17 +163,26 @@ def _build(message: pb.ModelConfig, source: str) -> ModelConfig:
     if message.HasField("dynamic_batching"):
         dynamic = _dynamic_batching(message.dynamic_batching, message.max_batch_size, fail)
 
+    # Filled in as Triton completes a config, so that /config shows what is really served.
+    if not message.instance_group:
+        message.instance_group.add()
     groups = []
     for i, group in enumerate(message.instance_group):
         if group.count < 0:
             raise fail(f"instance_group[{i}].count", f"must be >= 1, got {group.count}")
         if any(g < 0 for g in group.gpus):
             raise fail(f"instance_group[{i}].gpus", "GPU ids must be >= 0")
+        group.name = group.name or f"{message.name}_{i}"
+        group.count = group.count or 1
+        if group.kind == pb.ModelInstanceGroup.KIND_AUTO:
+            group.kind = (
+                pb.ModelInstanceGroup.KIND_GPU if group.gpus else pb.ModelInstanceGroup.KIND_CPU
+            )
         groups.append(
             InstanceGroupConfig(
-                name=group.name or f"{message.name}_{i}",
+                name=group.name,
                 kind=pb.ModelInstanceGroup.Kind.Name(group.kind),
-                count=group.count or 1,
+                count=group.count,
                 gpus=tuple(group.gpus),
             )
         )
@@ -250,6 +262,7 @@ def _dynamic_batching(
 
 def _version_policy(message: pb.ModelConfig, fail: Any) -> VersionPolicy:
     if not message.HasField("version_policy"):
+        message.version_policy.latest.num_versions = 1  # Triton's default, made explicit
         return VersionPolicy()
     policy = message.version_policy
     choice = policy.WhichOneof("policy_choice")

@@ -75,34 +75,26 @@ def to_model_request(config: ModelConfig, request: InferRequest) -> ModelRequest
 
 def _check_shape(config: ModelConfig, spec: TensorConfig, shape: tuple[int, ...]) -> None:
     model, dims = config.name, spec.dims
-    expected = config.full_shape(spec)
     if config.batching:
-        if len(shape) != len(dims) + 1:
-            raise _shape_error(model, spec.name, shape, expected)
-        if shape[0] < 1:
-            raise InvalidArgumentError(
-                f"input '{spec.name}' for model '{model}' has batch size {shape[0]}; must be >= 1"
-            )
-        if shape[0] > config.max_batch_size:
+        if len(shape) == len(dims) + 1 and shape[0] > config.max_batch_size:
             raise InvalidArgumentError(
                 f"inference request batch-size must be <= {config.max_batch_size} for "
                 f"'{model}', got {shape[0]} in input '{spec.name}'"
             )
-        shape = shape[1:]
-    elif len(shape) != len(dims):
-        raise _shape_error(model, spec.name, shape, expected)
-    if any(want not in (-1, got) for want, got in zip(dims, shape, strict=True)):
-        raise _shape_error(model, spec.name, shape if not config.batching else None, expected)
-
-
-def _shape_error(
-    model: str, name: str, shape: tuple[int, ...] | None, expected: tuple[int, ...]
-) -> InvalidArgumentError:
-    got = f"{list(shape)}" if shape is not None else "a shape"
-    return InvalidArgumentError(
-        f"unexpected shape for input '{name}' for model '{model}': got {got}, "
-        f"expected {list(expected)}"
-    )
+        if len(shape) == len(dims) + 1 and shape[0] < 1:
+            raise InvalidArgumentError(
+                f"input '{spec.name}' for model '{model}' has batch size {shape[0]}; must be >= 1"
+            )
+        per_item = shape[1:]
+    else:
+        per_item = shape
+    if len(per_item) != len(dims) or any(
+        want not in (-1, got) for want, got in zip(dims, per_item, strict=True)
+    ):
+        raise InvalidArgumentError(
+            f"unexpected shape for input '{spec.name}' for model '{model}': got {list(shape)}, "
+            f"expected {list(config.full_shape(spec))}"
+        )
 
 
 def to_output_tensors(

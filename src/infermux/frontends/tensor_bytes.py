@@ -22,7 +22,7 @@ def tensor_from_bytes(
 ) -> npt.NDArray[np.generic]:
     """Decode ``raw`` into an array of ``shape``; raises naming the tensor if sizes disagree.
 
-    Fixed-size tensors are zero-copy, read-only views of ``raw``.
+    Fixed-size tensors are zero-copy views of ``raw`` (read-only when ``raw`` is ``bytes``).
     """
     count = element_count(shape)
     if datatype == "BYTES":
@@ -34,6 +34,8 @@ def tensor_from_bytes(
             f"input '{name}': got {len(raw)} bytes of binary data but shape {list(shape)} "
             f"of {datatype} needs {expected} bytes"
         )
+    if datatype == "BOOL" and np.frombuffer(raw, dtype=np.uint8).max(initial=0) > 1:
+        raise InvalidArgumentError(f"input '{name}': BOOL bytes must be 0 or 1")
     return np.frombuffer(raw, dtype=dtype.newbyteorder("<")).reshape(shape)
 
 

@@ -80,6 +80,8 @@ def parse_config_text(text: str, source: str, *, yaml_format: bool = False) -> p
 
 
 def _parse_json(text: str, source: str) -> pb.ModelConfig:
+    if not text.lstrip().startswith("{"):
+        raise ConfigError(source, "config", "must be a ModelConfig JSON object")
     try:
         return json_format.Parse(text, pb.ModelConfig())
     except json_format.ParseError as exc:

@@ -6,6 +6,7 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from stat import S_ISREG
 
 from infermux.errors import ConfigError
 
@@ -56,8 +57,17 @@ def list_versions(model_dir: Path) -> list[int]:
 def fingerprint(model_dir: Path) -> tuple[tuple[str, int, int], ...]:
     """A cheap change detector for polling: (relative path, size, mtime_ns) of every file."""
     rows = []
-    for path in sorted(model_dir.rglob("*")):
-        if path.is_file() and "__pycache__" not in path.parts:
+    try:
+        paths = sorted(model_dir.rglob("*"))
+    except OSError:  # changed while we walked: the next poll sees the settled tree
+        return ()
+    for path in paths:
+        if "__pycache__" in path.parts:
+            continue
+        try:
             stat = path.stat()
+        except OSError:  # removed while we looked
+            continue
+        if S_ISREG(stat.st_mode):
             rows.append((str(path.relative_to(model_dir)), stat.st_size, stat.st_mtime_ns))
     return tuple(rows)

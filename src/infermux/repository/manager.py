@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import enum
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -338,21 +338,17 @@ class ModelRepository:
             for version in list(entry.states):
                 entry.states[version] = (State.UNAVAILABLE, "unloaded")
 
-    async def _retire(self, models: Iterable[LoadedModel]) -> None:
+    async def _retire(self, models: Sequence[LoadedModel]) -> None:
         await asyncio.gather(*(m.scheduler.close() for m in models))
         for model in models:
             logger.info("unloaded model '%s' version %d", model.name, model.version)
 
 
 def _create_instances(
-    load: object, config: ModelConfig, path: Path, version: int
+    load: Callable[[ModelContext], BackendInstance], config: ModelConfig, path: Path, version: int
 ) -> list[BackendInstance]:
-    assert callable(load)
     contexts = []
-    groups = config.instance_groups or ()
-    if not groups:
-        contexts.append(("cpu", f"{config.name}_0_0"))
-    for group in groups:
+    for group in config.instance_groups:  # never empty: the config fills in the default group
         devices = [f"cuda:{g}" for g in group.gpus] if group.kind == "KIND_GPU" else ["cpu"]
         if group.kind == "KIND_GPU" and not group.gpus:
             devices = ["cuda:0"]

@@ -88,6 +88,9 @@ def decode_infer_request(
     if not isinstance(outputs_doc, list):
         raise InvalidArgumentError("field 'outputs' must be a list")
     outputs = [_decode_requested_output(o, i) for i, o in enumerate(outputs_doc)]
+    parameters = _parameters(doc.get("parameters"), "parameters")
+    if not isinstance(parameters.get("binary_data_output", False), bool):
+        raise InvalidArgumentError("parameter 'binary_data_output' must be a boolean")
     request_id = doc.get("id", "")
     if not isinstance(request_id, str):
         raise InvalidArgumentError("field 'id' must be a string")
@@ -97,7 +100,7 @@ def decode_infer_request(
         inputs=inputs,
         outputs=outputs,
         id=request_id,
-        parameters=_parameters(doc.get("parameters"), "parameters"),
+        parameters=parameters,
     )
 
 
@@ -161,6 +164,10 @@ def _decode_requested_output(item: Any, index: int) -> RequestedOutput:
     if not isinstance(item, dict) or not isinstance(item.get("name"), str):
         raise InvalidArgumentError(f"field 'outputs[{index}]' must be an object with a 'name'")
     parameters = _parameters(item.get("parameters"), f"outputs[{index}].parameters")
+    if not isinstance(parameters.get("binary_data", False), bool):
+        raise InvalidArgumentError(
+            f"output '{item['name']}': parameter 'binary_data' must be a boolean"
+        )
     if any(key in parameters for key in _SHM_KEYS):
         raise UnsupportedError(
             f"output '{item['name']}': shared memory outputs are not supported yet"
@@ -209,7 +216,7 @@ def json_to_array(
         )
     if dtype.kind in _INT_KINDS and parsed.size:
         info = np.iinfo(dtype)  # type: ignore[type-var]  # dtype.kind is 'i' or 'u' here
-        if parsed.dtype == np.object_ or parsed.min() < info.min or parsed.max() > info.max:
+        if parsed.min() < info.min or parsed.max() > info.max:
             raise InvalidArgumentError(
                 f"input '{name}': a value is out of range for datatype {datatype}"
             )
@@ -240,7 +247,7 @@ def _json_kind_fits(datatype: str, kind: str) -> bool:
     if datatype == "BOOL":
         return kind == "b"
     if datatype.startswith(("INT", "UINT")):
-        return kind in "iuO"  # object: integers beyond int64, range-checked by the caller
+        return kind in "iu"
     return kind in "iuf"
 
 

@@ -1,0 +1,184 @@
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from infermux.backends import BackendRegistry, ModelRequest
+from infermux.errors import ModelLoadError, NotFoundError, UnavailableError, UnsupportedError
+from infermux.repository import ControlMode, ModelRepository
+from tests.support import IDENTITY_MODEL, write_model
+
+DOUBLE_MODEL = IDENTITY_MODEL.replace('r.inputs["INPUT0"]}', 'r.inputs["INPUT0"] * 2}')
+
+
+def repo_of(path: Path, mode: ControlMode = ControlMode.NONE, *load: str) -> ModelRepository:
+    return ModelRepository([path], BackendRegistry(), control_mode=mode, startup_models=load)
+
+
+async def run(repository: ModelRepository, name: str, value: float, version: str = "") -> float:
+    model = repository.get(name, version)
+    result = await model.scheduler.submit(
+        ModelRequest({"INPUT0": np.array([[value]], np.float32)}, ("OUTPUT0",))
+    )
+    assert isinstance(result, dict)
+    return float(np.asarray(result["OUTPUT0"]).reshape(-1)[0])
+
+
+async def test_failed_model_does_not_stop_the_others(tmp_path: Path) -> None:
+    write_model(tmp_path, "good")
+    write_model(tmp_path, "bad", source="raise ImportError('no such thing')\n")
+    repository = repo_of(tmp_path)
+    await repository.start()
+    assert await run(repository, "good", 2.0) == 2.0
+    assert not repository.all_ready()
+    rows = {(r.name, r.version): r for r in repository.index()}
+    assert rows[("bad", "1")].state == "UNAVAILABLE"
+    assert "import failed: ImportError: no such thing" in rows[("bad", "1")].reason
+    assert [r.name for r in repository.index(ready_only=True)] == ["good"]
+    with pytest.raises(UnavailableError, match="bad"):
+        repository.get("bad")
+    with pytest.raises(NotFoundError, match="unknown model: 'nope'"):
+        repository.get("nope")
+    await repository.close()
+
+
+async def test_version_policy_and_default_version(tmp_path: Path) -> None:
+    write_model(
+        tmp_path,
+        "m",
+        versions=(1, 2, 3),
+        extra="dynamic_batching { }\nversion_policy: { latest: { num_versions: 2 } }",
+    )
+    repository = repo_of(tmp_path)
+    await repository.start()
+    assert repository.ready_versions("m") == [2, 3]
+    assert repository.get("m").version == 3
+    assert repository.get("m", "2").version == 2
+    with pytest.raises(NotFoundError, match="version 1 is not found"):
+        repository.get("m", "1")
+    with pytest.raises(NotFoundError, match="version 'x'"):
+        repository.get("m", "x")
+    assert repository.all_ready()
+    await repository.close()
+
+
+async def test_reload_swaps_and_a_failed_reload_keeps_serving(tmp_path: Path) -> None:
+    model_dir = write_model(tmp_path, "m")
+    repository = repo_of(tmp_path, ControlMode.EXPLICIT, "m")
+    await repository.start()
+    old = repository.get("m")
+    assert await run(repository, "m", 3.0) == 3.0
+    (model_dir / "1" / "model.py").write_text(DOUBLE_MODEL)
+    await repository.load("m")
+    assert repository.get("m") is not old
+    assert await run(repository, "m", 3.0) == 6.0
+    with pytest.raises(UnavailableError, match="unloading"):  # the old version was retired
+        await old.scheduler.submit(ModelRequest({}, ()))
+    # A broken config fails the reload but the loaded version keeps serving.
+    (model_dir / "config.pbtxt").write_text("name: [")
+    with pytest.raises(Exception, match=r"config\.pbtxt"):
+        await repository.load("m")
+    assert await run(repository, "m", 3.0) == 6.0
+    await repository.close()
+
+
+async def test_version_that_fails_is_reported_next_to_one_that_loads(tmp_path: Path) -> None:
+    model_dir = write_model(tmp_path, "m", versions=(1, 2), extra="version_policy: { all: { } }")
+    (model_dir / "2" / "model.py").unlink()
+    repository = repo_of(tmp_path)
+    await repository.start()
+    rows = {r.version: r for r in repository.index() if r.name == "m"}
+    assert rows["1"].state == "READY"
+    assert rows["2"].state == "UNAVAILABLE"
+    assert "model.py not found" in rows["2"].reason
+    assert repository.get("m").version == 1
+    await repository.close()
+
+
+async def test_model_without_versions_is_an_error(tmp_path: Path) -> None:
+    write_model(tmp_path, "m", versions=())
+    repository = repo_of(tmp_path, ControlMode.EXPLICIT)
+    await repository.start()
+    with pytest.raises(ModelLoadError, match="no version directory"):
+        await repository.load("m")
+    await repository.close()
+
+
+async def test_explicit_mode(tmp_path: Path) -> None:
+    write_model(tmp_path, "a")
+    write_model(tmp_path, "b")
+    repository = repo_of(tmp_path, ControlMode.EXPLICIT, "a", "ghost")
+    await repository.start()
+    assert repository.is_ready("a")
+    assert not repository.is_ready("b")
+    assert not repository.all_ready()  # "ghost" was asked for and does not exist
+    rows = {r.name: r for r in repository.index()}
+    assert rows["b"].state == ""
+    assert rows["ghost"].reason == "not found in any repository"
+    repository.check_explicit("load")
+    await repository.unload("a")
+    assert not repository.is_ready("a")
+    with pytest.raises(NotFoundError):
+        await repository.unload("zzz")
+    with pytest.raises(NotFoundError, match="no such model"):
+        await repository.load("zzz")
+    await repository.close()
+
+
+async def test_explicit_mode_star_loads_everything(tmp_path: Path) -> None:
+    write_model(tmp_path, "a")
+    write_model(tmp_path, "b")
+    repository = repo_of(tmp_path, ControlMode.EXPLICIT, "*")
+    await repository.start()
+    assert repository.is_ready("a")
+    assert repository.is_ready("b")
+    await repository.close()
+
+
+async def test_control_api_refused_outside_explicit(tmp_path: Path) -> None:
+    repository = repo_of(tmp_path)
+    with pytest.raises(UnsupportedError, match="model-control-mode=none"):
+        repository.check_explicit("unload")
+
+
+async def test_poll_once_loads_changes_and_drops_removed(tmp_path: Path) -> None:
+    write_model(tmp_path, "a")
+    repository = repo_of(tmp_path, ControlMode.NONE)
+    await repository.start()
+    write_model(tmp_path, "b")
+    shutil.rmtree(tmp_path / "a")
+    await repository.poll_once()
+    assert repository.is_ready("b")
+    with pytest.raises(NotFoundError):
+        repository.get("a")
+    await repository.close()
+
+
+async def test_instance_groups_make_instances(tmp_path: Path) -> None:
+    source = """
+from typing import Any
+
+
+class Model:
+    def initialize(self, context: Any) -> None:
+        with open(context.model_path / "instances.log", "a") as log:
+            log.write(f"{context.instance_name}@{context.device}\\n")
+
+    def execute(self, requests: list[Any]) -> list[Any]:
+        return [{"OUTPUT0": r.inputs["INPUT0"]} for r in requests]
+"""
+    write_model(
+        tmp_path,
+        "m",
+        source=source,
+        extra='instance_group [ { count: 2, kind: KIND_CPU }, { name: "g", kind: KIND_GPU, '
+        "gpus: [ 0, 1 ] } ]",
+    )
+    repository = repo_of(tmp_path)
+    await repository.start()
+    names = sorted((tmp_path / "m" / "instances.log").read_text().split())
+    assert names == ["g_cuda0_0@cuda:0", "g_cuda1_0@cuda:1", "m_0_cpu_0@cpu", "m_0_cpu_1@cpu"]
+    await repository.close()
