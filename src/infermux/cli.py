@@ -124,24 +124,8 @@ def _add_serve_arguments(serve: argparse.ArgumentParser) -> argparse.ArgumentPar
         metavar="NAME",
         help="in explicit mode, model to load at startup (repeatable; '*' loads all)",
     )
-    serve.add_argument(
-        "--strict-readiness",
-        type=_bool,
-        nargs="?",
-        const=True,
-        default=True,
-        metavar="BOOL",
-        help="ready only when every model is ready (default true)",
-    )
-    serve.add_argument(
-        "--allow-client-shm",
-        type=_bool,
-        nargs="?",
-        const=True,
-        default=False,
-        metavar="BOOL",
-        help="allow clients to register shared-memory regions (default false)",
-    )
+    _add_bool(serve, "--strict-readiness", True, "ready only when every model is ready")
+    _add_bool(serve, "--allow-client-shm", False, "allow clients to register shared memory")
     serve.add_argument(
         "--log-verbose",
         type=_non_negative_int,
@@ -166,6 +150,19 @@ def _add_serve_arguments(serve: argparse.ArgumentParser) -> argparse.ArgumentPar
         help="how long shutdown waits for in-flight requests (default 30)",
     )
     return serve
+
+
+def _add_bool(parser: argparse.ArgumentParser, flag: str, default: bool, help: str) -> None:
+    # tritonserver's boolean flags take a value (--flag=false); a bare --flag means true.
+    parser.add_argument(
+        flag,
+        type=_bool,
+        nargs="?",
+        const=True,
+        default=default,
+        metavar="BOOL",
+        help=f"{help} (default {str(default).lower()})",
+    )
 
 
 def parse_settings(argv: Sequence[str]) -> ServerSettings:

@@ -191,7 +191,7 @@ class ModelRepository:
             if entry.model_error and not entry.states:
                 if not ready_only:
                     rows.append(
-                        RepositoryIndexEntry(name, "", State.UNAVAILABLE, entry.model_error)
+                        RepositoryIndexEntry(name, "", State.UNAVAILABLE.value, entry.model_error)
                     )
                 continue
             if not entry.states and not ready_only:

@@ -18,7 +18,7 @@ from infermux.dataplane import DataPlane
 from infermux.errors import ErrorCode, InfermuxError, InvalidArgumentError
 from infermux.frontends.http import codec
 from infermux.frontends.tensor_bytes import count_bytes_elements
-from infermux.types import element_size
+from infermux.types import RepositoryIndexEntry, element_size
 
 logger = logging.getLogger(__name__)
 
@@ -127,21 +127,7 @@ class HttpApp:
             ready = doc.get("ready", False)
             if not isinstance(ready, bool):
                 raise InvalidArgumentError("field 'ready' must be a boolean")
-            return _json(
-                [
-                    {
-                        k: v
-                        for k, v in (
-                            ("name", e.name),
-                            ("version", e.version),
-                            ("state", e.state),
-                            ("reason", e.reason),
-                        )
-                        if v or k == "name"
-                    }
-                    for e in dp.repository_index(ready_only=ready)
-                ]
-            )
+            return _json([_index_row(e) for e in dp.repository_index(ready_only=ready)])
         match = _REPO_PATH.match(path)
         if match:
             _allow(method, "POST")
@@ -280,6 +266,16 @@ def _json(doc: Any) -> _Reply:
 
 def _tensor_meta(t: Any) -> dict[str, Any]:
     return {"name": t.name, "datatype": t.datatype, "shape": list(t.shape)}
+
+
+def _index_row(entry: RepositoryIndexEntry) -> dict[str, str]:
+    # Like Triton, a model that was never loaded is listed by name only.
+    row = {"name": entry.name}
+    for key in ("version", "state", "reason"):
+        value = getattr(entry, key)
+        if value:
+            row[key] = value
+    return row
 
 
 def _decompress(body: bytes, encoding: str, limit: int) -> bytes:
