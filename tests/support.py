@@ -101,6 +101,7 @@ def write_datatype_repository(repo: Path) -> None:
 
 
 _READY = re.compile(r"ready: HTTP on http://([^:]+):(\d+)")
+_GRPC = re.compile(r"gRPC on ([0-9.]+):(\d+)")
 
 
 @dataclass
@@ -110,12 +111,17 @@ class ServerProcess:
     process: subprocess.Popen[str]
     host: str = ""
     http_port: int = 0
+    grpc_port: int = 0
     log: list[str] = field(default_factory=list)
     reader: threading.Thread | None = None
 
     @property
     def url(self) -> str:
         return f"{self.host}:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self.host}:{self.grpc_port}"
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
         if self.process.poll() is None:
@@ -158,6 +164,8 @@ def start_server(*args: str, timeout: float = 60) -> ServerProcess:
             match = _READY.search(line)
             if match:
                 server.host, server.http_port = match.group(1), int(match.group(2))
+                grpc = _GRPC.search(line)
+                server.grpc_port = int(grpc.group(2)) if grpc else 0
                 ready.set()
 
     server.reader = threading.Thread(target=pump, daemon=True)

@@ -12,7 +12,13 @@ from typing import Any, NoReturn
 
 from infermux import __version__
 from infermux.errors import InfermuxError
-from infermux.settings import DEFAULT_MAX_INPUT_SIZE, ServerSettings, builtin_repository
+from infermux.settings import (
+    DEFAULT_GRPC_MAX_MESSAGE_SIZE,
+    DEFAULT_MAX_INPUT_SIZE,
+    DISABLED_PORT,
+    ServerSettings,
+    builtin_repository,
+)
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
@@ -38,8 +44,8 @@ def _port(value: str) -> int:
         port = int(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"'{value}' is not a port number") from None
-    if not 0 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"port {port} is outside 0-65535")
+    if port != DISABLED_PORT and not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"port {port} is outside 0-65535 (or -1: no TCP)")
     return port
 
 
@@ -99,8 +105,27 @@ def _add_serve_arguments(serve: argparse.ArgumentParser) -> argparse.ArgumentPar
         default="127.0.0.1",
         help="address to bind (default 127.0.0.1: local only; use 0.0.0.0 to expose)",
     )
-    serve.add_argument("--http-port", type=_port, default=8000, help="HTTP port (default 8000)")
-    serve.add_argument("--grpc-port", type=_port, default=8001, help="gRPC port (default 8001)")
+    serve.add_argument(
+        "--http-port", type=_port, default=8000, help="HTTP port (default 8000; 0: any; -1: none)"
+    )
+    serve.add_argument(
+        "--grpc-port", type=_port, default=8001, help="gRPC port (default 8001; 0: any; -1: none)"
+    )
+    serve.add_argument(
+        "--http-uds", type=Path, metavar="PATH", help="also serve HTTP on this unix socket"
+    )
+    serve.add_argument(
+        "--grpc-uds", type=Path, metavar="PATH", help="also serve gRPC on this unix socket"
+    )
+    _add_bool(serve, "--allow-http", True, "serve the HTTP front end")
+    _add_bool(serve, "--allow-grpc", True, "serve the gRPC front end")
+    serve.add_argument(
+        "--grpc-max-message-size",
+        type=_positive(int),
+        default=DEFAULT_GRPC_MAX_MESSAGE_SIZE,
+        metavar="BYTES",
+        help="largest gRPC message sent or received (default 2 GiB - 1)",
+    )
     serve.add_argument(
         "--metrics-port", type=_port, default=8002, help="metrics port (default 8002)"
     )
@@ -171,9 +196,17 @@ def parse_settings(argv: Sequence[str]) -> ServerSettings:
     args = serve_parser.parse_args(argv)
     if args.load_model and args.model_control_mode != "explicit":
         serve_parser.error("--load-model requires --model-control-mode=explicit")
-    ports = [p for p in (args.http_port, args.grpc_port, args.metrics_port) if p != 0]
+    ports = [p for p in (args.http_port, args.grpc_port, args.metrics_port) if p > 0]
     if len(ports) != len(set(ports)):
         serve_parser.error("--http-port, --grpc-port and --metrics-port must differ")
+    for front, port, uds in (
+        ("http", args.http_port, args.http_uds),
+        ("grpc", args.grpc_port, args.grpc_uds),
+    ):
+        if port == DISABLED_PORT and uds is None:
+            serve_parser.error(f"--{front}-port -1 needs --{front}-uds (nothing to listen on)")
+    if args.http_uds is not None and args.http_uds == args.grpc_uds:
+        serve_parser.error("--http-uds and --grpc-uds must differ")
     repositories = tuple(args.model_repository or (builtin_repository(),))
     for repo in repositories:
         if not repo.is_dir():
@@ -192,6 +225,11 @@ def parse_settings(argv: Sequence[str]) -> ServerSettings:
         log_verbose=args.log_verbose,
         http_max_input_size=args.http_max_input_size,
         exit_timeout_secs=args.exit_timeout_secs,
+        allow_http=args.allow_http,
+        allow_grpc=args.allow_grpc,
+        http_uds=args.http_uds,
+        grpc_uds=args.grpc_uds,
+        grpc_max_message_size=args.grpc_max_message_size,
     )
 
 

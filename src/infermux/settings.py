@@ -7,6 +7,8 @@ from importlib import resources
 from pathlib import Path
 
 DEFAULT_MAX_INPUT_SIZE = 64 * 1024 * 1024  # tritonserver's --http-max-input-size default
+DEFAULT_GRPC_MAX_MESSAGE_SIZE = 2**31 - 1  # as tritonserver and tritonclient: effectively no cap
+DISABLED_PORT = -1  # a front end with this port listens on its unix socket only
 
 
 def builtin_repository() -> Path:
@@ -31,3 +33,8 @@ class ServerSettings:
     log_verbose: int = 0
     http_max_input_size: int = DEFAULT_MAX_INPUT_SIZE
     exit_timeout_secs: int = 30
+    allow_http: bool = True
+    allow_grpc: bool = True
+    http_uds: Path | None = None
+    grpc_uds: Path | None = None
+    grpc_max_message_size: int = DEFAULT_GRPC_MAX_MESSAGE_SIZE

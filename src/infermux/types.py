@@ -160,3 +160,82 @@ class RepositoryIndexEntry:
     version: str
     state: str
     reason: str
+
+
+SHM_REGION = "shared_memory_region"
+SHM_BYTE_SIZE = "shared_memory_byte_size"
+SHM_OFFSET = "shared_memory_offset"
+SHM_KEYS = (SHM_REGION, SHM_BYTE_SIZE, SHM_OFFSET)
+"""Tensor parameters that place an input or output in a registered shared-memory region.
+
+Front ends pass them through in ``Tensor.parameters`` / ``RequestedOutput.parameters``; a
+shared-memory input's ``data`` is an empty placeholder until the data plane reads the region.
+A shared-memory output comes back with these parameters and empty ``data``.
+"""
+
+
+def uses_shared_memory(parameters: Parameters) -> bool:
+    """Whether a tensor's parameters place it in shared memory."""
+    return SHM_REGION in parameters or SHM_BYTE_SIZE in parameters
+
+
+@dataclass(frozen=True, slots=True)
+class SharedMemoryRegion:
+    """A registered system shared-memory region (the status row)."""
+
+    name: str
+    key: str
+    offset: int
+    byte_size: int
+
+
+@dataclass(slots=True)
+class Duration:
+    """A Triton ``StatisticDuration``: how many times, and total nanoseconds."""
+
+    count: int = 0
+    ns: int = 0
+
+    def add(self, ns: int, count: int = 1) -> None:
+        self.count += count
+        self.ns += ns
+
+
+INFER_STAT_KEYS = (
+    "success",
+    "fail",
+    "queue",
+    "compute_input",
+    "compute_infer",
+    "compute_output",
+    "cache_hit",
+    "cache_miss",
+)
+"""Keys of Triton's ``inference_stats``, in Triton's order (all always present)."""
+
+
+@dataclass(frozen=True, slots=True)
+class BatchStats:
+    """Per-batch-size execution statistics (Triton's ``InferBatchStatistics``)."""
+
+    batch_size: int
+    compute_input: Duration
+    compute_infer: Duration
+    compute_output: Duration
+
+
+@dataclass(frozen=True, slots=True)
+class ModelStats:
+    """A snapshot of one model version's statistics (Triton's ``ModelStatistics``).
+
+    ``inference_stats`` has every key of :data:`INFER_STAT_KEYS`; ``last_inference`` is in
+    milliseconds since the epoch (0 = never).
+    """
+
+    name: str
+    version: str
+    last_inference: int
+    inference_count: int
+    execution_count: int
+    inference_stats: dict[str, Duration]
+    batch_stats: tuple[BatchStats, ...]

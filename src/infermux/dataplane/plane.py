@@ -7,21 +7,27 @@ answer; everything they need is here, so HTTP, gRPC and any later front end beha
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 
-from infermux.errors import InvalidArgumentError
+from infermux.errors import InfermuxError, InvalidArgumentError, NotFoundError, UnsupportedError
 from infermux.model_config import ModelConfig
 from infermux.repository import ModelRepository
 from infermux.types import (
     InferRequest,
     InferResponse,
     ModelMetadata,
+    ModelStats,
     RepositoryIndexEntry,
     ServerMetadata,
+    SharedMemoryRegion,
+    Tensor,
     TensorMetadata,
+    uses_shared_memory,
 )
 
-from .validation import to_model_request, to_output_tensors
+from .inputs import to_model_request
+from .shared_memory import SharedMemoryRegistry
 
 logger = logging.getLogger(__name__)
 
@@ -38,8 +44,10 @@ class DataPlane:
         version: str,
         extensions: Sequence[str] = (),
         strict_readiness: bool = True,
+        shared_memory: SharedMemoryRegistry | None = None,
     ) -> None:
         self._repository = repository
+        self._shm = shared_memory or SharedMemoryRegistry(enabled=False)
         self._metadata = ServerMetadata(SERVER_NAME, version, tuple(extensions))
         self._strict = strict_readiness
         self._shutting_down = False
@@ -90,16 +98,88 @@ class DataPlane:
 
     async def infer(self, request: InferRequest) -> InferResponse:
         """Validate, schedule and run one request; raises an :class:`InfermuxError` on failure."""
+        started = time.perf_counter_ns()
         model = self._repository.get(request.model_name, request.model_version)
-        model_request = to_model_request(model.config, request)
-        result = await model.scheduler.submit(model_request)
-        outputs = to_output_tensors(model.config, model_request, result)
+        try:
+            for tensor in request.inputs:
+                if uses_shared_memory(tensor.parameters):
+                    tensor.data = self._shm.read(tensor)
+            model_request = to_model_request(model.config, request)
+            done = await model.scheduler.submit(model_request)
+            outputs = self._place_outputs(request, done.outputs)
+        except InfermuxError:
+            model.stats.record_failure(time.perf_counter_ns() - started)
+            raise
+        model.stats.record_success(
+            batch_size=model_request.batch_size if model.config.batching else 1,
+            request_ns=time.perf_counter_ns() - started,
+            queue_ns=done.queue_ns,
+            input_ns=done.compute_input_ns,
+            infer_ns=done.compute_infer_ns,
+            output_ns=done.compute_output_ns,
+        )
         return InferResponse(
             model_name=model.name,
             model_version=str(model.version),
             outputs=outputs,
             id=request.id,
         )
+
+    def _place_outputs(self, request: InferRequest, outputs: list[Tensor]) -> list[Tensor]:
+        wanted = {o.name: o.parameters for o in request.outputs if uses_shared_memory(o.parameters)}
+        if not wanted:
+            return outputs
+        return [self._shm.write(t, wanted[t.name]) if t.name in wanted else t for t in outputs]
+
+    # -- statistics -------------------------------------------------------------------------------
+
+    def model_statistics(self, name: str = "", version: str = "") -> list[ModelStats]:
+        """Statistics of every served version of ``name`` (of every model when ``name`` is "")."""
+        if not name:
+            if version:
+                raise InvalidArgumentError("a model version needs a model name")
+            models = self._repository.served()
+        elif version:
+            models = [self._repository.get(name, version)]
+        else:
+            models = [m for m in self._repository.served() if m.name == name]
+            if not models:
+                self._repository.get(name)  # raises the precise not-found/unavailable error
+                raise NotFoundError(f"Request for unknown model: '{name}' is not found")
+        return [m.stats.snapshot() for m in models]
+
+    # -- system shared memory ---------------------------------------------------------------------
+
+    def shm_register(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        self._shm.register(name, key, offset, byte_size)
+
+    def shm_unregister(self, name: str = "") -> None:
+        self._shm.unregister(name)
+
+    def shm_status(self, name: str = "") -> list[SharedMemoryRegion]:
+        return self._shm.status(name)
+
+    # CUDA shared memory is not supported yet. Status and unregister-all still answer truthfully
+    # (there are no CUDA regions) because clients such as perf_analyzer call them unconditionally.
+
+    def cuda_shm_status(self, name: str = "") -> list[SharedMemoryRegion]:
+        if name:
+            raise NotFoundError(f"CUDA shared memory region '{name}' is not registered")
+        return []
+
+    def cuda_shm_register(self, name: str) -> None:
+        raise UnsupportedError(
+            f"cannot register CUDA shared memory region '{name}': CUDA shared memory is not "
+            "supported by infermux yet (use system shared memory)"
+        )
+
+    def cuda_shm_unregister(self, name: str = "") -> None:
+        if name:
+            raise NotFoundError(f"CUDA shared memory region '{name}' is not registered")
+
+    def close(self) -> None:
+        """Release what the data plane holds itself (shared-memory mappings)."""
+        self._shm.close()
 
     # -- repository -------------------------------------------------------------------------------
 

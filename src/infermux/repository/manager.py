@@ -10,12 +10,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from infermux.backends.base import BackendInstance, ModelContext
+from infermux.backends.outputs import to_output_tensors
 from infermux.backends.registry import BackendRegistry
 from infermux.errors import (
     InfermuxError,
@@ -28,6 +30,7 @@ from infermux.model_config import ModelConfig
 from infermux.repository.config_file import load_model_config
 from infermux.repository.layout import ModelSource, discover_models, fingerprint, list_versions
 from infermux.scheduling import GreedyBatcher, Scheduler
+from infermux.statistics import ModelStatistics
 from infermux.types import RepositoryIndexEntry
 
 logger = logging.getLogger(__name__)
@@ -59,6 +62,7 @@ class LoadedModel:
     config: ModelConfig
     version: int
     scheduler: Scheduler
+    stats: ModelStatistics
 
     @property
     def name(self) -> str:
@@ -166,6 +170,14 @@ class ModelRepository:
         except InfermuxError:
             return False
         return True
+
+    def served(self) -> list[LoadedModel]:
+        """Every served model version, by name then version."""
+        return [
+            self._entries[name].serving[version]
+            for name in sorted(self._entries)
+            for version in sorted(self._entries[name].serving)
+        ]
 
     def ready_versions(self, name: str) -> list[int]:
         """Served versions of ``name``, ascending."""
@@ -321,8 +333,15 @@ class ModelRepository:
             logger.exception("model '%s' version %d: unexpected load failure", config.name, version)
             return f"{type(exc).__name__}: {exc}"
         batch_rows = config.max_batch_size if config.dynamic_batching is not None else 1
-        scheduler = GreedyBatcher(f"{config.name}_v{version}", instances, max_batch_rows=batch_rows)
-        return LoadedModel(config, version, scheduler)
+        stats = ModelStatistics(config.name, version)
+        scheduler = GreedyBatcher(
+            f"{config.name}_v{version}",
+            instances,
+            finish=functools.partial(to_output_tensors, config),
+            max_batch_rows=batch_rows,
+            stats=stats,
+        )
+        return LoadedModel(config, version, scheduler, stats)
 
     async def _unload(self, name: str) -> None:
         entry = self._entries.get(name)

@@ -1,6 +1,6 @@
 """Scheduling: the explicit stage between the data plane and model instances."""
 
-from infermux.scheduling.base import Scheduler
+from infermux.scheduling.base import Completion, Finisher, Scheduler
 from infermux.scheduling.batcher import GreedyBatcher
 
-__all__ = ["GreedyBatcher", "Scheduler"]
+__all__ = ["Completion", "Finisher", "GreedyBatcher", "Scheduler"]

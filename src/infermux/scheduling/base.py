@@ -2,16 +2,37 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 from infermux.backends.base import ExecuteResult, ModelRequest
+from infermux.types import Tensor
+
+Finisher = Callable[[ModelRequest, ExecuteResult], list[Tensor]]
+"""Turns one request's raw result into its output tensors, or raises that request's error."""
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """A finished request: its outputs and where its time went (nanoseconds).
+
+    ``compute_input``/``compute_infer`` are those of the batch the request ran in (as Triton counts
+    them); ``compute_output`` is this request's own output handling.
+    """
+
+    outputs: list[Tensor]
+    queue_ns: int
+    compute_input_ns: int
+    compute_infer_ns: int
+    compute_output_ns: int
 
 
 class Scheduler(Protocol):
     """Queues requests for one model version and runs them on that version's instances."""
 
-    async def submit(self, request: ModelRequest) -> ExecuteResult:
-        """Run ``request`` and return its result (outputs or the request's own error).
+    async def submit(self, request: ModelRequest) -> Completion:
+        """Run ``request`` and return its outputs, or raise the request's own error.
 
         Raises :class:`infermux.errors.UnavailableError` once :meth:`close` has begun, and the
         error of the whole batch if the instance failed outside any one request.

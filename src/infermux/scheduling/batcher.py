@@ -12,12 +12,15 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from infermux.backends.base import BackendInstance, ExecuteResult, ModelRequest
 from infermux.errors import InfermuxError, InternalError, UnavailableError
+from infermux.scheduling.base import Completion, Finisher
+from infermux.statistics import ModelStatistics
 
 logger = logging.getLogger(__name__)
 
@@ -25,14 +28,25 @@ logger = logging.getLogger(__name__)
 @dataclass(slots=True)
 class _Pending:
     request: ModelRequest
-    future: asyncio.Future[ExecuteResult]
+    future: asyncio.Future[Completion]
+    enqueued_ns: int
+
+
+def _timed_execute(
+    instance: BackendInstance, requests: list[ModelRequest]
+) -> tuple[Sequence[ExecuteResult], int, int]:
+    # Timed on the instance thread so that compute_infer excludes the hop back to the loop.
+    start = time.perf_counter_ns()
+    results = instance.execute(requests)
+    return results, start, time.perf_counter_ns()
 
 
 class GreedyBatcher:
     """A :class:`~infermux.scheduling.base.Scheduler` over a fixed set of instances.
 
     ``max_batch_rows`` is the most batch rows one ``execute`` call receives; 1 (or a model without
-    dynamic batching) means one request per call.
+    dynamic batching) means one request per call. ``finish`` turns each request's raw result into
+    its outputs right after its batch ran (timed as compute_output); ``stats`` records executions.
     """
 
     def __init__(
@@ -40,11 +54,15 @@ class GreedyBatcher:
         name: str,
         instances: Sequence[BackendInstance],
         *,
+        finish: Finisher,
         max_batch_rows: int = 1,
+        stats: ModelStatistics | None = None,
     ) -> None:
         if not instances:
             raise ValueError("a scheduler needs at least one instance")
         self._name = name
+        self._finish = finish
+        self._stats = stats
         self._instances = list(instances)
         self._max_rows = max(1, max_batch_rows)
         self._queue: collections.deque[_Pending] = collections.deque()
@@ -66,11 +84,11 @@ class GreedyBatcher:
     def pending(self) -> int:
         return self._in_flight
 
-    async def submit(self, request: ModelRequest) -> ExecuteResult:
+    async def submit(self, request: ModelRequest) -> Completion:
         if self._closing:
             raise UnavailableError(f"model '{self._name}' is unloading")
-        future: asyncio.Future[ExecuteResult] = asyncio.get_running_loop().create_future()
-        self._queue.append(_Pending(request, future))
+        future: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
+        self._queue.append(_Pending(request, future, time.perf_counter_ns()))
         self._in_flight += 1
         self._idle.clear()
         self._wakeup.set()
@@ -123,9 +141,12 @@ class GreedyBatcher:
             batch = self._next_batch()
             if not batch:
                 continue
+            dequeued = time.perf_counter_ns()
             requests = [p.request for p in batch]
             try:
-                results = await loop.run_in_executor(thread, instance.execute, requests)
+                results, started, ended = await loop.run_in_executor(
+                    thread, _timed_execute, instance, requests
+                )
             except InfermuxError as exc:
                 _fail_all(batch, exc)
                 continue
@@ -133,9 +154,51 @@ class GreedyBatcher:
                 logger.exception("model '%s': execute failed", self._name)
                 _fail_all(batch, InternalError(f"model '{self._name}' failed: {exc}"))
                 continue
-            for pending, result in zip(batch, results, strict=True):
+            if len(results) != len(batch):
+                _fail_all(
+                    batch,
+                    InternalError(
+                        f"model '{self._name}' returned {len(results)} results for "
+                        f"{len(batch)} requests"
+                    ),
+                )
+                continue
+            self._complete(batch, results, dequeued, started, ended)
+
+    def _complete(
+        self,
+        batch: list[_Pending],
+        results: Sequence[ExecuteResult],
+        dequeued: int,
+        started: int,
+        ended: int,
+    ) -> None:
+        input_ns, infer_ns = started - dequeued, ended - started
+        output_total = 0
+        rows = 0
+        for pending, result in zip(batch, results, strict=True):
+            rows += pending.request.batch_size
+            begin = time.perf_counter_ns()
+            try:
+                outputs = self._finish(pending.request, result)
+            except Exception as exc:
+                output_total += time.perf_counter_ns() - begin
+                if not isinstance(exc, InfermuxError):
+                    logger.exception("model '%s': handling a result failed", self._name)
+                    exc = InternalError(f"model '{self._name}': bad result: {exc}")
                 if not pending.future.done():
-                    pending.future.set_result(result)
+                    pending.future.set_exception(exc)
+                continue
+            output_ns = time.perf_counter_ns() - begin
+            output_total += output_ns
+            if not pending.future.done():
+                pending.future.set_result(
+                    Completion(
+                        outputs, dequeued - pending.enqueued_ns, input_ns, infer_ns, output_ns
+                    )
+                )
+        if self._stats is not None:
+            self._stats.record_execution(rows, input_ns, infer_ns, output_total)
 
 
 def _fail_all(batch: list[_Pending], error: InfermuxError) -> None:

@@ -20,11 +20,10 @@ def repo_of(path: Path, mode: ControlMode = ControlMode.NONE, *load: str) -> Mod
 
 async def run(repository: ModelRepository, name: str, value: float, version: str = "") -> float:
     model = repository.get(name, version)
-    result = await model.scheduler.submit(
+    done = await model.scheduler.submit(
         ModelRequest({"INPUT0": np.array([[value]], np.float32)}, ("OUTPUT0",))
     )
-    assert isinstance(result, dict)
-    return float(np.asarray(result["OUTPUT0"]).reshape(-1)[0])
+    return float(done.outputs[0].data.reshape(-1)[0])
 
 
 async def test_failed_model_does_not_stop_the_others(tmp_path: Path) -> None:

@@ -8,8 +8,10 @@ import numpy as np
 import pytest
 
 from infermux.backends.base import ExecuteResult, ModelRequest
-from infermux.errors import InternalError, InvalidArgumentError, UnavailableError
-from infermux.scheduling import GreedyBatcher
+from infermux.errors import InfermuxError, InternalError, InvalidArgumentError, UnavailableError
+from infermux.scheduling import Completion, GreedyBatcher
+from infermux.statistics import ModelStatistics
+from infermux.types import Tensor
 
 
 class Recorder:
@@ -45,12 +47,28 @@ def request(value: int, rows: int = 1) -> ModelRequest:
     return ModelRequest({"x": np.full((rows, 1), value)}, ("y",))
 
 
+def finish(request: ModelRequest, result: ExecuteResult) -> list[Tensor]:
+    if isinstance(result, InfermuxError):
+        raise result
+    assert not isinstance(result, Exception)
+    y = np.asarray(result["y"])
+    return [Tensor("y", "INT64", y.shape, y)]
+
+
+def batcher_of(
+    instances: list[Recorder], rows: int, stats: ModelStatistics | None = None
+) -> GreedyBatcher:
+    return GreedyBatcher("m", instances, finish=finish, max_batch_rows=rows, stats=stats)
+
+
+def value_of(done: Completion) -> int:
+    return int(done.outputs[0].data[0, 0])
+
+
 async def test_single_request_runs_on_the_instance_thread() -> None:
     instance = Recorder()
-    batcher = GreedyBatcher("m", [instance], max_batch_rows=4)
-    result = await batcher.submit(request(3))
-    assert isinstance(result, dict)
-    np.testing.assert_array_equal(result["y"], [[6]])
+    batcher = batcher_of([instance], 4)
+    assert value_of(await batcher.submit(request(3))) == 6
     assert instance.threads == {"m-instance0_0"}
     await batcher.close()
     assert instance.closed
@@ -59,7 +77,7 @@ async def test_single_request_runs_on_the_instance_thread() -> None:
 async def test_requests_collect_while_the_instance_is_busy() -> None:
     instance = Recorder()
     instance.gate.clear()
-    batcher = GreedyBatcher("m", [instance], max_batch_rows=4)
+    batcher = batcher_of([instance], 4)
     first = asyncio.ensure_future(batcher.submit(request(0)))
     await asyncio.sleep(0.05)  # the first request is executing, blocked on the gate
     rest = [asyncio.ensure_future(batcher.submit(request(i))) for i in range(1, 7)]
@@ -74,7 +92,7 @@ async def test_requests_collect_while_the_instance_is_busy() -> None:
 async def test_rows_count_toward_the_batch_limit() -> None:
     instance = Recorder()
     instance.gate.clear()
-    batcher = GreedyBatcher("m", [instance], max_batch_rows=4)
+    batcher = batcher_of([instance], 4)
     first = asyncio.ensure_future(batcher.submit(request(0)))
     await asyncio.sleep(0.05)
     rest = [asyncio.ensure_future(batcher.submit(request(i, rows=3))) for i in (1, 2)]
@@ -88,30 +106,29 @@ async def test_rows_count_toward_the_batch_limit() -> None:
 async def test_one_failing_request_fails_alone() -> None:
     instance = Recorder()
     instance.gate.clear()
-    batcher = GreedyBatcher("m", [instance], max_batch_rows=8)
+    batcher = batcher_of([instance], 8)
     results = [asyncio.ensure_future(batcher.submit(request(v))) for v in (1, -1, 2)]
     await asyncio.sleep(0.05)
     instance.gate.set()
-    done = await asyncio.gather(*results)
+    done = await asyncio.gather(*results, return_exceptions=True)
     assert isinstance(done[1], InvalidArgumentError)
-    assert isinstance(done[0], dict)
-    assert isinstance(done[2], dict)
+    assert [value_of(done[0]), value_of(done[2])] == [2, 4]  # type: ignore[arg-type]
     await batcher.close()
 
 
 async def test_an_instance_crash_fails_its_batch_only() -> None:
     instance = Recorder()
-    batcher = GreedyBatcher("m", [instance], max_batch_rows=1)
+    batcher = batcher_of([instance], 1)
     with pytest.raises(InternalError, match="model 'm' failed: boom"):
         await batcher.submit(request(99))
-    assert isinstance(await batcher.submit(request(1)), dict)
+    assert value_of(await batcher.submit(request(1))) == 2
     await batcher.close()
 
 
 async def test_close_drains_admitted_requests_then_refuses() -> None:
     instance = Recorder()
     instance.gate.clear()
-    batcher = GreedyBatcher("m", [instance], max_batch_rows=1)
+    batcher = batcher_of([instance], 1)
     pending = [asyncio.ensure_future(batcher.submit(request(i))) for i in range(3)]
     await asyncio.sleep(0.05)
     assert batcher.pending == 3
@@ -122,7 +139,7 @@ async def test_close_drains_admitted_requests_then_refuses() -> None:
         await batcher.submit(request(5))
     instance.gate.set()
     await closing
-    assert all(isinstance(p.result(), dict) for p in pending)
+    assert [value_of(p.result()) for p in pending] == [0, 2, 4]
     assert instance.closed
 
 
@@ -130,7 +147,7 @@ async def test_several_instances_run_in_parallel() -> None:
     instances = [Recorder(), Recorder()]
     for instance in instances:
         instance.gate.clear()
-    batcher = GreedyBatcher("m", instances, max_batch_rows=1)
+    batcher = batcher_of(instances, 1)
     pending = [asyncio.ensure_future(batcher.submit(request(i))) for i in range(2)]
     await asyncio.sleep(0.05)
     for instance in instances:
@@ -143,7 +160,7 @@ async def test_several_instances_run_in_parallel() -> None:
 async def test_cancelled_request_is_skipped() -> None:
     instance = Recorder()
     instance.gate.clear()
-    batcher = GreedyBatcher("m", [instance], max_batch_rows=1)
+    batcher = batcher_of([instance], 1)
     first = asyncio.ensure_future(batcher.submit(request(0)))
     await asyncio.sleep(0.05)
     abandoned = asyncio.ensure_future(batcher.submit(request(1)))
@@ -151,11 +168,50 @@ async def test_cancelled_request_is_skipped() -> None:
     abandoned.cancel()
     instance.gate.set()
     await first
-    assert isinstance(await batcher.submit(request(2)), dict)
+    assert value_of(await batcher.submit(request(2))) == 4
     assert instance.batches == [[0], [2]]
     await batcher.close()
 
 
 async def test_needs_an_instance() -> None:
     with pytest.raises(ValueError, match="at least one instance"):
-        GreedyBatcher("m", [])
+        batcher_of([], 1)
+
+
+async def test_statistics_and_timings() -> None:
+    instance = Recorder()
+    instance.gate.clear()
+    stats = ModelStatistics("m", 1)
+    batcher = batcher_of([instance], 8, stats)
+    first = asyncio.ensure_future(batcher.submit(request(0)))
+    await asyncio.sleep(0.05)
+    rest = [asyncio.ensure_future(batcher.submit(request(i, rows=2))) for i in (1, 2)]
+    await asyncio.sleep(0.05)
+    instance.gate.set()
+    done = await asyncio.gather(first, *rest)
+    assert done[1].queue_ns >= 40_000_000  # waited behind the first batch
+    assert done[1].compute_infer_ns == done[2].compute_infer_ns  # same batch
+    snapshot = stats.snapshot()
+    assert snapshot.execution_count == 2
+    assert [(b.batch_size, b.compute_infer.count) for b in snapshot.batch_stats] == [(1, 1), (4, 1)]
+
+
+async def test_wrong_result_count_fails_the_batch() -> None:
+    class Short(Recorder):
+        def execute(self, requests: Sequence[ModelRequest]) -> Sequence[ExecuteResult]:
+            return []
+
+    batcher = batcher_of([Short()], 1)
+    with pytest.raises(InternalError, match="returned 0 results for 1 requests"):
+        await batcher.submit(request(1))
+    await batcher.close()
+
+
+async def test_a_bad_result_fails_its_request() -> None:
+    def broken(request: ModelRequest, result: ExecuteResult) -> list[Tensor]:
+        raise KeyError("y")
+
+    batcher = GreedyBatcher("m", [Recorder()], finish=broken)
+    with pytest.raises(InternalError, match="bad result"):
+        await batcher.submit(request(1))
+    await batcher.close()

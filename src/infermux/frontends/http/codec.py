@@ -15,10 +15,11 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
-from infermux.errors import InvalidArgumentError, UnsupportedError
-from infermux.frontends.tensor_bytes import tensor_from_bytes, tensor_to_bytes
+from infermux.errors import InvalidArgumentError
+from infermux.tensor_bytes import tensor_from_bytes, tensor_to_bytes
 from infermux.types import (
     DATATYPES,
+    SHM_REGION,
     InferRequest,
     InferResponse,
     Parameters,
@@ -26,11 +27,11 @@ from infermux.types import (
     Tensor,
     element_count,
     numpy_dtype,
+    uses_shared_memory,
 )
 
 _ORJSON_OPTS = orjson.OPT_SERIALIZE_NUMPY
 _INT_KINDS = "iu"
-_SHM_KEYS = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
 
 
 def dumps(value: Any) -> bytes:
@@ -119,8 +120,11 @@ def _decode_input(item: Any, index: int, binary: memoryview) -> tuple[Tensor, in
         )
     shape = _shape(item.get("shape"), field)
     parameters = _parameters(item.get("parameters"), f"{field} parameters")
-    if any(key in parameters for key in _SHM_KEYS):
-        raise UnsupportedError(f"{field}: shared memory inputs are not supported yet")
+    if uses_shared_memory(parameters):
+        if "data" in item or "binary_data_size" in parameters:
+            raise InvalidArgumentError(f"{field}: has shared memory parameters and data")
+        # The data plane reads the region; until then the data is an empty placeholder.
+        return Tensor(name, datatype, shape, np.empty(0, numpy_dtype(datatype)), parameters), 0
     size = parameters.get("binary_data_size")
     if size is not None:
         if "data" in item:
@@ -167,10 +171,6 @@ def _decode_requested_output(item: Any, index: int) -> RequestedOutput:
     if not isinstance(parameters.get("binary_data", False), bool):
         raise InvalidArgumentError(
             f"output '{item['name']}': parameter 'binary_data' must be a boolean"
-        )
-    if any(key in parameters for key in _SHM_KEYS):
-        raise UnsupportedError(
-            f"output '{item['name']}': shared memory outputs are not supported yet"
         )
     return RequestedOutput(item["name"], parameters)
 
@@ -320,7 +320,11 @@ def encode_infer_response(
             "datatype": tensor.datatype,
             "shape": list(tensor.shape),
         }
-        if binary:
+        if SHM_REGION in tensor.parameters:
+            # Written to the client's region: neither data nor parameters, as Triton answers
+            # (perf_analyzer's C++ client rejects output parameters without binary_data_size).
+            pass
+        elif binary:
             raw = tensor_to_bytes(tensor.datatype, tensor.data)
             out["parameters"] = {"binary_data_size": len(raw)}
             chunks.append(raw)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import socket
@@ -23,21 +24,11 @@ class _EmbeddedServer(uvicorn.Server):
 
 
 class HttpServer:
-    """One HTTP listener. ``serve`` returns after ``shutdown`` once in-flight requests finished."""
+    """HTTP on bound sockets; ``serve`` returns after ``shutdown`` once open requests end."""
 
-    def __init__(
-        self,
-        app: HttpApp,
-        *,
-        host: str,
-        port: int,
-        graceful_timeout: int = 30,
-        log_level: str = "warning",
-    ) -> None:
+    def __init__(self, app: HttpApp, *, graceful_timeout: int = 30, log_level: str = "warning"):
         config = uvicorn.Config(
             app,
-            host=host,
-            port=port,
             http="httptools",
             loop="none",  # the loop is infermux's (uvloop when available)
             lifespan="off",
@@ -47,15 +38,18 @@ class HttpServer:
             server_header=False,
         )
         self._server = _EmbeddedServer(config)
-        self.host, self.port = host, port
 
-    @property
-    def started(self) -> bool:
-        return self._server.started
+    async def serve(self, sockets: Sequence[socket.socket]) -> None:
+        """Serve on ``sockets`` (bound by the caller, so bind errors surface before models load)."""
+        await self._server.serve(sockets=list(sockets))
 
-    async def serve(self, sockets: Sequence[socket.socket] | None = None) -> None:
-        """Serve on ``sockets`` (already bound, so bind errors surface before models load)."""
-        await self._server.serve(sockets=list(sockets) if sockets is not None else None)
+    async def wait_started(self, serving: asyncio.Task[None]) -> None:
+        """Return once uvicorn accepts connections (or re-raise why ``serving`` ended)."""
+        # uvicorn exposes a 'started' flag but no event to wait on.
+        while not self._server.started and not serving.done():  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+        if serving.done():
+            await serving
 
     def shutdown(self) -> None:
         """Stop accepting; ``serve`` returns once open requests are answered."""

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from infermux.errors import ErrorCode, InvalidArgumentError, UnsupportedError
+from infermux.errors import ErrorCode, InvalidArgumentError
 from infermux.frontends.http.codec import (
     EncodedResponse,
     array_to_json,
@@ -721,23 +721,25 @@ def test_data_and_binary_data_size_together() -> None:
         decode_infer_request(header + b"\x00" * 8, len(header), "m", "")
 
 
-@pytest.mark.parametrize(
-    "key", ["shared_memory_region", "shared_memory_byte_size", "shared_memory_offset"]
-)
-def test_shared_memory_inputs_are_unsupported(key: str) -> None:
-    body = _body(_input(data=_DROP, parameters={key: "region0" if "region" in key else 0}))
-    with pytest.raises(UnsupportedError, match=r"input 'INPUT0'.*shared memory") as info:
-        decode_infer_request(body, None, "m", "")
-    assert info.value.code is ErrorCode.UNSUPPORTED
+def test_shared_memory_inputs_are_placeholders_for_the_data_plane() -> None:
+    params = {"shared_memory_region": "r0", "shared_memory_byte_size": 8}
+    request = decode_infer_request(_body(_input(data=_DROP, parameters=params)), None, "m", "")
+    (tensor,) = request.inputs
+    assert tensor.parameters == params
+    assert tensor.data.size == 0
+    assert tensor.data.dtype == np.int32
 
 
-@pytest.mark.parametrize(
-    "key", ["shared_memory_region", "shared_memory_byte_size", "shared_memory_offset"]
-)
-def test_shared_memory_outputs_are_unsupported(key: str) -> None:
-    body = _body(_input(), outputs=[{"name": "OUTPUT0", "parameters": {key: 1}}])
-    with pytest.raises(UnsupportedError, match=r"output 'OUTPUT0'.*shared memory"):
+def test_shared_memory_input_with_data_is_an_error() -> None:
+    body = _body(_input(parameters={"shared_memory_region": "r0", "shared_memory_byte_size": 8}))
+    with pytest.raises(InvalidArgumentError, match=r"input 'INPUT0'.*shared memory"):
         decode_infer_request(body, None, "m", "")
+
+
+def test_shared_memory_outputs_keep_their_parameters() -> None:
+    params = {"shared_memory_region": "r1", "shared_memory_byte_size": 64}
+    body = _body(_input(), outputs=[{"name": "OUTPUT0", "parameters": params}])
+    assert decode_infer_request(body, None, "m", "").outputs[0].parameters == params
 
 
 # -- responses: details ----------------------------------------------------------------------------

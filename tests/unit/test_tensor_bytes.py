@@ -1,4 +1,4 @@
-"""Raw tensor bytes as Triton's protocols carry them (``infermux.frontends.tensor_bytes``)."""
+"""Raw tensor bytes as Triton's protocols carry them (``infermux.tensor_bytes``)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from infermux.errors import InvalidArgumentError
-from infermux.frontends.tensor_bytes import (
+from infermux.tensor_bytes import (
     count_bytes_elements,
     tensor_from_bytes,
     tensor_to_bytes,

@@ -1,4 +1,4 @@
-"""Checks a request against its model's config, and a model's outputs against the same config.
+"""Checks a request against its model's config and turns it into what the model receives.
 
 Messages follow Triton's wording where clients may already match on it, and always name the model,
 the tensor and what was expected.
@@ -6,15 +6,13 @@ the tensor and what was expected.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 import numpy as np
 import numpy.typing as npt
 
-from infermux.backends.base import ExecuteResult, ModelRequest
-from infermux.errors import InfermuxError, InternalError, InvalidArgumentError
+from infermux.backends.base import ModelRequest
+from infermux.errors import InvalidArgumentError
 from infermux.model_config import ModelConfig, TensorConfig
-from infermux.types import InferRequest, Tensor, numpy_dtype
+from infermux.types import InferRequest
 
 
 def to_model_request(config: ModelConfig, request: InferRequest) -> ModelRequest:
@@ -94,72 +92,4 @@ def _check_shape(config: ModelConfig, spec: TensorConfig, shape: tuple[int, ...]
         raise InvalidArgumentError(
             f"unexpected shape for input '{spec.name}' for model '{model}': got {list(shape)}, "
             f"expected {list(config.full_shape(spec))}"
-        )
-
-
-def to_output_tensors(
-    config: ModelConfig, request: ModelRequest, result: ExecuteResult
-) -> list[Tensor]:
-    """The requested outputs of one request's ``result``, checked and cast to the config's types.
-
-    A result that is an exception is raised: as-is when it is an :class:`InfermuxError` (the model
-    chose the error code), wrapped as an internal error otherwise.
-    """
-    model = config.name
-    if isinstance(result, InfermuxError):
-        raise result
-    if isinstance(result, Exception):
-        raise InternalError(
-            f"model '{model}' failed the request: {type(result).__name__}: {result}"
-        )
-    if not isinstance(result, Mapping):
-        raise InternalError(
-            f"model '{model}' returned {type(result).__name__} for a request; "
-            "expected a dict of output name -> array or an exception"
-        )
-    outputs = []
-    for name in request.requested_outputs:
-        spec = config.output(name)
-        assert spec is not None  # requested outputs were validated against the config
-        if name not in result:
-            raise InternalError(f"model '{model}' did not return output '{name}'")
-        array = _as_datatype(model, spec, result[name])
-        _check_output_shape(config, spec, array.shape, request.batch_size)
-        outputs.append(Tensor(name, spec.datatype, tuple(array.shape), array))
-    return outputs
-
-
-def _as_datatype(model: str, spec: TensorConfig, value: object) -> npt.NDArray[np.generic]:
-    if spec.datatype == "BYTES":
-        array = np.asarray(value, dtype=np.object_)
-        flat = array.reshape(-1)
-        for i, item in enumerate(flat):
-            if isinstance(item, str):
-                flat[i] = item.encode("utf-8")
-            elif not isinstance(item, bytes):
-                flat[i] = str(item).encode("utf-8")
-        return array
-    expected = numpy_dtype(spec.datatype)
-    array = np.asarray(value)
-    if array.dtype == expected:
-        return array
-    if np.can_cast(array.dtype, expected, casting="same_kind"):
-        return array.astype(expected)
-    raise InternalError(
-        f"model '{model}' returned output '{spec.name}' as {array.dtype}, which cannot become "
-        f"{spec.datatype} as the config declares"
-    )
-
-
-def _check_output_shape(
-    config: ModelConfig, spec: TensorConfig, shape: tuple[int, ...], batch: int
-) -> None:
-    dims = spec.reshape if spec.reshape is not None else spec.dims
-    expected = ((batch,) if config.batching else ()) + dims
-    if len(shape) != len(expected) or any(
-        e not in (-1, g) for e, g in zip(expected, shape, strict=True)
-    ):
-        raise InternalError(
-            f"model '{config.name}' returned output '{spec.name}' with shape {list(shape)}, "
-            f"expected {list(expected)}"
         )

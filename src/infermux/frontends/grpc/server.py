@@ -1,0 +1,130 @@
+"""Runs :class:`InferenceServicer` on a ``grpc.aio`` server inside infermux's own event loop."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+from collections.abc import Sequence
+from typing import Any
+
+import grpc  # type: ignore[import-untyped,unused-ignore]  # grpcio ships no type information
+from tritonclient.grpc import service_pb2_grpc
+
+from infermux.frontends.grpc.servicer import GrpcDataPlane, InferenceServicer
+
+logger = logging.getLogger(__name__)
+
+MAX_MESSAGE_BYTES = 2**31 - 1
+"""gRPC's own ceiling for one message, which Triton and tritonclient also use."""
+
+
+class GrpcBindError(Exception):
+    """A gRPC listen address could not be bound; the message names it and, if known, why."""
+
+
+class GrpcServer:
+    """One gRPC listener on one or more addresses (``host:port`` or ``unix:/path``).
+
+    ``start`` binds every address (raising :class:`GrpcBindError` naming the first that fails) and
+    starts serving; ``stop`` stops accepting and lets running RPCs finish for up to
+    ``graceful_timeout`` seconds before cancelling them.
+    """
+
+    def __init__(
+        self,
+        dataplane: GrpcDataPlane,
+        *,
+        addresses: Sequence[str],
+        max_message_bytes: int = MAX_MESSAGE_BYTES,
+        graceful_timeout: float,
+    ) -> None:
+        if not addresses:
+            raise ValueError("GrpcServer needs at least one address")
+        self._dataplane = dataplane
+        self.addresses = list(addresses)
+        self._max_message_bytes = max_message_bytes
+        self._graceful_timeout = graceful_timeout
+        self._server: Any = None
+        self._ports: dict[str, int] = {}
+
+    @property
+    def bound_port(self) -> int | None:
+        """The TCP port bound for the first ``host:port`` address (the real one for port 0)."""
+        return next((p for a, p in self._ports.items() if not _is_unix(a)), None)
+
+    async def start(self) -> None:
+        if self._server is not None:
+            raise RuntimeError("GrpcServer.start called twice")
+        n = self._max_message_bytes
+        server = grpc.aio.server(
+            options=[
+                ("grpc.max_send_message_length", n),
+                ("grpc.max_receive_message_length", n),
+                # grpc turns SO_REUSEPORT on by default, so a second server on a busy port would
+                # bind silently and share its traffic; Triton also leaves it off by default.
+                ("grpc.so_reuseport", 0),
+            ]
+        )
+        service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
+            InferenceServicer(self._dataplane), server
+        )
+        try:
+            for address in self.addresses:
+                self._ports[address] = _bind(server, address)
+        except GrpcBindError:
+            await server.stop(None)  # releases the addresses already bound
+            self._ports.clear()
+            raise
+        await server.start()
+        self._server = server
+        logger.debug("gRPC listening on %s", ", ".join(self.addresses))
+
+    async def stop(self) -> None:
+        """Stop accepting RPCs, wait for running ones (up to the graceful timeout), then return."""
+        if self._server is None:
+            return
+        server, self._server = self._server, None
+        await server.stop(self._graceful_timeout)
+
+
+def _is_unix(address: str) -> bool:
+    return address.startswith(("unix:", "unix-abstract:"))
+
+
+def _bind(server: Any, address: str) -> int:
+    try:
+        port: int = server.add_insecure_port(address)
+    except RuntimeError:
+        port = 0
+    if port == 0:
+        raise GrpcBindError(f"cannot listen for gRPC on '{address}': {_why_not(address)}")
+    return port
+
+
+def _why_not(address: str) -> str:
+    """Best-effort reason a bind failed: grpc only logs it, so try the same bind ourselves."""
+    if _is_unix(address):
+        family, target = socket.AF_UNIX, address.partition(":")[2]
+        if address.startswith("unix-abstract:"):
+            target = "\0" + target
+        where: Any = target
+    else:
+        host, _, port = address.rpartition(":")
+        host = host.strip("[]")
+        if not port.isdigit():
+            return "expected 'host:port' or 'unix:/path'"
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        where = (host, int(port))
+    with contextlib.closing(socket.socket(family, socket.SOCK_STREAM)) as probe:
+        try:
+            probe.bind(where)
+        except OSError as exc:
+            return exc.strerror or str(exc)
+        except (TypeError, ValueError) as exc:  # e.g. a NUL byte in the host or path
+            return str(exc)
+    if family == socket.AF_UNIX and not where.startswith("\0"):
+        with contextlib.suppress(OSError):
+            os.unlink(where)  # the probe's own socket file
+    return "grpc could not bind it"

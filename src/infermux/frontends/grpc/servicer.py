@@ -1,0 +1,287 @@
+"""Triton's ``inference.GRPCInferenceService`` as thin async handlers over the data plane.
+
+Each handler decodes with :mod:`.codec`, makes one data-plane call and encodes the answer. Errors
+become gRPC statuses exactly as Triton maps its error codes (``src/grpc/grpc_utils.cc``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, NoReturn, Protocol, TypeVar
+
+import grpc  # type: ignore[import-untyped,unused-ignore]  # grpcio ships no type information
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+from infermux.errors import ErrorCode, InfermuxError, InvalidArgumentError, UnsupportedError
+from infermux.frontends.grpc import codec
+from infermux.model_config import ModelConfig
+from infermux.types import (
+    InferRequest,
+    InferResponse,
+    ModelMetadata,
+    ModelStats,
+    RepositoryIndexEntry,
+    ServerMetadata,
+    SharedMemoryRegion,
+)
+
+logger = logging.getLogger(__name__)
+
+Message = Any  # protobuf messages: tritonclient's generated modules carry no type information
+Context = Any  # grpc.aio.ServicerContext
+
+STATUS_OF: dict[ErrorCode, Any] = {
+    ErrorCode.UNKNOWN: grpc.StatusCode.UNKNOWN,
+    ErrorCode.INTERNAL: grpc.StatusCode.INTERNAL,
+    ErrorCode.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    ErrorCode.INVALID_ARG: grpc.StatusCode.INVALID_ARGUMENT,
+    ErrorCode.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
+    ErrorCode.UNSUPPORTED: grpc.StatusCode.UNIMPLEMENTED,
+    ErrorCode.ALREADY_EXISTS: grpc.StatusCode.ALREADY_EXISTS,
+    ErrorCode.CANCELLED: grpc.StatusCode.CANCELLED,
+}
+"""Triton's ``ErrorCodeToGrpcStatus``: every error code has its own gRPC status."""
+
+
+class GrpcDataPlane(Protocol):
+    """What the gRPC front end needs of :class:`infermux.dataplane.DataPlane`.
+
+    Every method raises an :class:`InfermuxError` on failure; the front end only translates.
+    """
+
+    def live(self) -> bool: ...
+    def ready(self) -> bool: ...
+    def server_metadata(self) -> ServerMetadata: ...
+    def model_ready(self, name: str, version: str = "") -> bool: ...
+    def model_metadata(self, name: str, version: str = "") -> ModelMetadata: ...
+    def model_config(self, name: str, version: str = "") -> ModelConfig: ...
+    async def infer(self, request: InferRequest) -> InferResponse: ...
+    def model_statistics(self, name: str = "", version: str = "") -> list[ModelStats]: ...
+    def repository_index(self, *, ready_only: bool = False) -> list[RepositoryIndexEntry]: ...
+    async def load_model(self, name: str, *, config_override: str | None = None) -> None: ...
+    async def unload_model(self, name: str) -> None: ...
+    def shm_register(self, name: str, key: str, offset: int, byte_size: int) -> None: ...
+    def shm_unregister(self, name: str = "") -> None: ...
+    def shm_status(self, name: str = "") -> list[SharedMemoryRegion]: ...
+    def cuda_shm_status(self, name: str = "") -> list[SharedMemoryRegion]: ...
+    def cuda_shm_register(self, name: str) -> None: ...
+    def cuda_shm_unregister(self, name: str = "") -> None: ...
+
+
+_S = TypeVar("_S")
+_R = TypeVar("_R")
+
+
+async def _abort(context: Context, code: Any, message: str) -> NoReturn:
+    await context.abort(code, message)
+    # grpc.aio's abort always raises; this line only tells the type checker so.
+    raise AssertionError("context.abort returned")
+
+
+def _unary(
+    method: Callable[[_S, Message, Context], Awaitable[_R]],
+) -> Callable[[_S, Message, Context], Awaitable[_R]]:
+    """Answer an :class:`InfermuxError` with its Triton status, anything else with INTERNAL."""
+
+    @functools.wraps(method)
+    async def handler(self: _S, request: Message, context: Context) -> _R:
+        try:
+            return await method(self, request, context)
+        except InfermuxError as exc:
+            await _abort(context, STATUS_OF[exc.code], exc.message)
+        except grpc.aio.AbortError:  # the handler aborted itself; a second abort would fail
+            raise
+        except Exception as exc:
+            logger.exception("unhandled error in gRPC %s", method.__name__)
+            await _abort(context, grpc.StatusCode.INTERNAL, f"internal error: {exc}")
+
+    return handler
+
+
+def _not_supported(what: str) -> NoReturn:
+    raise UnsupportedError(f"{what} is not supported by infermux yet")
+
+
+# The generated base class is typed Any (hence the ignore); it answers UNIMPLEMENTED for any RPC
+# a subclass does not override, and method names are the RPC names.
+class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
+    """Every RPC of Triton's ``GRPCInferenceService`` over one data plane, for ``grpc.aio``."""
+
+    def __init__(self, dataplane: GrpcDataPlane) -> None:
+        self._dp = dataplane
+
+    # -- health and metadata ----------------------------------------------------------------------
+
+    @_unary
+    async def ServerLive(self, request: Message, context: Context) -> Message:
+        return service_pb2.ServerLiveResponse(live=self._dp.live())
+
+    @_unary
+    async def ServerReady(self, request: Message, context: Context) -> Message:
+        return service_pb2.ServerReadyResponse(ready=self._dp.ready())
+
+    @_unary
+    async def ModelReady(self, request: Message, context: Context) -> Message:
+        try:
+            ready = self._dp.model_ready(request.name, request.version)
+        except InfermuxError as exc:
+            # Readiness of a model nobody has heard of is a plain "no", as in Triton.
+            if exc.code is not ErrorCode.NOT_FOUND:
+                raise
+            ready = False
+        return service_pb2.ModelReadyResponse(ready=ready)
+
+    @_unary
+    async def ServerMetadata(self, request: Message, context: Context) -> Message:
+        return codec.server_metadata_response(self._dp.server_metadata())
+
+    @_unary
+    async def ModelMetadata(self, request: Message, context: Context) -> Message:
+        meta = self._dp.model_metadata(request.name, request.version)
+        return codec.model_metadata_response(meta)
+
+    @_unary
+    async def ModelConfig(self, request: Message, context: Context) -> Message:
+        return codec.model_config_response(self._dp.model_config(request.name, request.version))
+
+    @_unary
+    async def ModelStatistics(self, request: Message, context: Context) -> Message:
+        stats = self._dp.model_statistics(request.name, request.version)
+        return codec.statistics_response(stats)
+
+    # -- inference --------------------------------------------------------------------------------
+
+    @_unary
+    async def ModelInfer(self, request: Message, context: Context) -> Message:
+        response = await self._dp.infer(codec.decode_infer_request(request))
+        return codec.encode_infer_response(response)
+
+    async def ModelStreamInfer(
+        self, request_iterator: AsyncIterator[Message], context: Context
+    ) -> AsyncIterator[Message]:
+        """Run every request of the stream concurrently; answer each as soon as it completes.
+
+        A failed request is answered with ``error_message`` and the stream stays open; once the
+        client half-closes, the stream ends when the requests still running have been answered.
+        """
+        answers: asyncio.Queue[Message | None] = asyncio.Queue()
+        running: set[asyncio.Task[None]] = set()
+
+        async def answer(message: Message) -> None:
+            await answers.put(await self._stream_answer(message))
+
+        async def read() -> None:
+            try:
+                async for message in request_iterator:
+                    task = asyncio.create_task(answer(message))
+                    running.add(task)
+                    task.add_done_callback(running.discard)
+                await asyncio.gather(*running)
+            finally:
+                answers.put_nowait(None)  # wakes the writer, also when reading failed
+
+        reader = asyncio.create_task(read())
+        try:
+            while (reply := await answers.get()) is not None:
+                yield reply
+            await reader  # surfaces a failed read as the stream's status
+        finally:
+            # The client went away or the server is stopping: nobody is left to answer.
+            reader.cancel()
+            for task in list(running):
+                task.cancel()
+
+    async def _stream_answer(self, message: Message) -> Message:
+        try:
+            response = await self._dp.infer(codec.decode_infer_request(message))
+            return service_pb2.ModelStreamInferResponse(
+                infer_response=codec.encode_infer_response(response)
+            )
+        except Exception as exc:
+            if isinstance(exc, InfermuxError):
+                error = exc.message
+            else:
+                logger.exception("unhandled error in a gRPC stream request")
+                error = f"internal error: {exc}"
+            # Echo the id so that the client can tell which of its requests failed.
+            return service_pb2.ModelStreamInferResponse(
+                error_message=error,
+                infer_response=service_pb2.ModelInferResponse(
+                    id=message.id,
+                    model_name=message.model_name,
+                    model_version=message.model_version,
+                ),
+            )
+
+    # -- repository -------------------------------------------------------------------------------
+
+    @_unary
+    async def RepositoryIndex(self, request: Message, context: Context) -> Message:
+        entries = self._dp.repository_index(ready_only=request.ready)
+        return codec.repository_index_response(entries)
+
+    @_unary
+    async def RepositoryModelLoad(self, request: Message, context: Context) -> Message:
+        override: str | None = None
+        for key, value in request.parameters.items():
+            if key.startswith("file:"):
+                raise UnsupportedError(f"load parameter '{key}': file overrides are not supported")
+            if key == "config":
+                if value.WhichOneof("parameter_choice") != "string_param":
+                    raise InvalidArgumentError(
+                        "parameter 'config' must be a ModelConfig JSON string"
+                    )
+                override = value.string_param
+        await self._dp.load_model(request.model_name, config_override=override)
+        return service_pb2.RepositoryModelLoadResponse()
+
+    @_unary
+    async def RepositoryModelUnload(self, request: Message, context: Context) -> Message:
+        await self._dp.unload_model(request.model_name)
+        return service_pb2.RepositoryModelUnloadResponse()
+
+    # -- system shared memory ---------------------------------------------------------------------
+
+    @_unary
+    async def SystemSharedMemoryStatus(self, request: Message, context: Context) -> Message:
+        return codec.shm_status_response(self._dp.shm_status(request.name))
+
+    @_unary
+    async def SystemSharedMemoryRegister(self, request: Message, context: Context) -> Message:
+        self._dp.shm_register(request.name, request.key, request.offset, request.byte_size)
+        return service_pb2.SystemSharedMemoryRegisterResponse()
+
+    @_unary
+    async def SystemSharedMemoryUnregister(self, request: Message, context: Context) -> Message:
+        self._dp.shm_unregister(request.name)
+        return service_pb2.SystemSharedMemoryUnregisterResponse()
+
+    # -- CUDA shared memory (none can be registered yet) -------------------------------------------
+
+    @_unary
+    async def CudaSharedMemoryStatus(self, request: Message, context: Context) -> Message:
+        self._dp.cuda_shm_status(request.name)
+        return service_pb2.CudaSharedMemoryStatusResponse()
+
+    @_unary
+    async def CudaSharedMemoryRegister(self, request: Message, context: Context) -> Message:
+        self._dp.cuda_shm_register(request.name)
+        return service_pb2.CudaSharedMemoryRegisterResponse()
+
+    @_unary
+    async def CudaSharedMemoryUnregister(self, request: Message, context: Context) -> Message:
+        self._dp.cuda_shm_unregister(request.name)
+        return service_pb2.CudaSharedMemoryUnregisterResponse()
+
+    # -- not implemented yet ----------------------------------------------------------------------
+
+    @_unary
+    async def TraceSetting(self, request: Message, context: Context) -> Message:
+        _not_supported("trace settings")
+
+    @_unary
+    async def LogSettings(self, request: Message, context: Context) -> Message:
+        _not_supported("log settings")

@@ -1,0 +1,153 @@
+"""HTTP plumbing under the V2 handlers: ASGI types, bounded body reading, compression, replies."""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from infermux.errors import ErrorCode, InfermuxError, InvalidArgumentError
+from infermux.frontends.http import codec
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+STATUS_OF: dict[ErrorCode, int] = {
+    ErrorCode.INTERNAL: 500,
+    ErrorCode.NOT_FOUND: 404,
+    ErrorCode.UNAVAILABLE: 503,
+    ErrorCode.UNSUPPORTED: 501,
+}
+"""Triton's ``HttpCodeFromError``; every other code is 400."""
+
+JSON_TYPE = (b"content-type", b"application/json")
+
+
+class HttpError(InfermuxError):
+    """An HTTP-only failure with its own status (413, 404 for unknown paths, 405, ...)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(slots=True)
+class Reply:
+    """A response to send. Only inference replies are ``compressible``: as in Triton, clients
+    (tritonclient's aio client among them) advertise gzip but decompress nothing else."""
+
+    status: int
+    body: bytes = b""
+    headers: list[tuple[bytes, bytes]] = field(default_factory=list)
+    compressible: bool = False
+
+    @classmethod
+    def json(cls, doc: Any) -> Reply:
+        return cls(200, codec.dumps(doc), [JSON_TYPE])
+
+    @classmethod
+    def error(cls, status: int, message: str) -> Reply:
+        return cls(status, codec.error_body(message), [JSON_TYPE])
+
+    @classmethod
+    def of_exception(cls, exc: InfermuxError) -> Reply:
+        status = exc.status if isinstance(exc, HttpError) else STATUS_OF.get(exc.code, 400)
+        return cls.error(status, exc.message)
+
+
+@dataclass(slots=True)
+class Request:
+    """What handlers see of an HTTP request; the body is read on demand, bounded."""
+
+    method: str
+    path: str
+    headers: dict[str, str]
+    receive: Receive
+    max_body: int
+
+    @classmethod
+    def from_scope(cls, scope: Scope, receive: Receive, max_body: int) -> Request:
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        return cls(scope["method"], scope["path"], headers, receive, max_body)
+
+    def allow(self, method: str) -> None:
+        if self.method != method:
+            raise HttpError(405, f"Method Not Allowed: use {method}")
+
+    async def body(self) -> bytes:
+        """The whole body, decompressed; 413 beyond ``max_body`` (before or after inflating)."""
+        limit = self.max_body
+        declared = self.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise HttpError(
+                413, f"request body of {declared} bytes exceeds the limit of {limit} bytes"
+            )
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await self.receive()
+            if message["type"] == "http.disconnect":
+                raise HttpError(400, "client disconnected before sending the whole body")
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise HttpError(413, f"request body exceeds the limit of {limit} bytes")
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        encoding = self.headers.get("content-encoding", "identity").strip().lower()
+        if encoding in ("", "identity"):
+            return body
+        return _decompress(body, encoding, limit)
+
+    async def json_object(self) -> dict[str, Any]:
+        """The body as a JSON object; an empty body is ``{}``."""
+        body = await self.body()
+        if not body.strip():
+            return {}
+        doc = codec.parse_json(body, "the request body")
+        if not isinstance(doc, dict):
+            raise InvalidArgumentError("the request body must be a JSON object")
+        return doc
+
+
+def _decompress(body: bytes, encoding: str, limit: int) -> bytes:
+    wbits = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}.get(encoding)
+    if wbits is None:
+        raise HttpError(415, f"unsupported Content-Encoding '{encoding}' (use gzip or deflate)")
+    decompressor = zlib.decompressobj(wbits)
+    try:
+        data = decompressor.decompress(body, limit + 1)
+    except zlib.error as exc:
+        raise InvalidArgumentError(f"body is not valid {encoding} data: {exc}") from None
+    if len(data) > limit or decompressor.unconsumed_tail:
+        raise HttpError(413, f"decompressed request body exceeds the limit of {limit} bytes")
+    if not decompressor.eof:
+        raise InvalidArgumentError(f"body is truncated {encoding} data")
+    return data
+
+
+def _compress(body: bytes, accept: str) -> tuple[bytes, bytes | None]:
+    accepted = {part.split(";")[0].strip().lower() for part in accept.split(",")}
+    if "gzip" in accepted:
+        compressor = zlib.compressobj(wbits=16 + zlib.MAX_WBITS)
+        return compressor.compress(body) + compressor.flush(), b"gzip"
+    if "deflate" in accepted:
+        return zlib.compress(body), b"deflate"
+    return body, None
+
+
+async def send_reply(send: Send, reply: Reply, accept_encoding: str) -> None:
+    headers = list(reply.headers)
+    body = reply.body
+    if body and accept_encoding and reply.compressible:
+        body, encoding = _compress(body, accept_encoding)
+        if encoding is not None:
+            headers.append((b"content-encoding", encoding))
+    headers.append((b"content-length", str(len(body)).encode()))
+    await send({"type": "http.response.start", "status": reply.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,130 @@
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from multiprocessing import shared_memory
+
+import numpy as np
+import pytest
+
+from infermux.dataplane.shared_memory import SharedMemoryRegistry
+from infermux.errors import (
+    ErrorCode,
+    InfermuxError,
+    InvalidArgumentError,
+    NotFoundError,
+    UnsupportedError,
+)
+from infermux.types import SHM_BYTE_SIZE, SHM_OFFSET, SHM_REGION, Tensor
+
+
+@pytest.fixture
+def segment() -> Iterator[shared_memory.SharedMemory]:
+    block = shared_memory.SharedMemory(name=f"imx_{uuid.uuid4().hex[:8]}", create=True, size=256)
+    yield block
+    block.close()
+    block.unlink()
+
+
+def shm_tensor(name: str, datatype: str, shape: tuple[int, ...], **params: object) -> Tensor:
+    return Tensor(name, datatype, shape, np.empty(0), dict(params))  # type: ignore[arg-type]
+
+
+def test_disabled_registry_refuses_everything() -> None:
+    registry = SharedMemoryRegistry(enabled=False)
+    with pytest.raises(UnsupportedError, match="--allow-client-shm"):
+        registry.register("r", "/k", 0, 8)
+    with pytest.raises(UnsupportedError):
+        registry.status()
+
+
+def test_read_and_write_in_place(segment: shared_memory.SharedMemory) -> None:
+    registry = SharedMemoryRegistry(enabled=True)
+    registry.register("r", "/" + segment.name, 16, 128)
+    data = np.arange(8, dtype=np.float32)
+    buf = segment.buf
+    assert buf is not None
+    buf[16 + 32 : 16 + 64] = data.tobytes()
+    tensor = shm_tensor("x", "FP32", (2, 4), **{SHM_REGION: "r", SHM_BYTE_SIZE: 32, SHM_OFFSET: 32})
+    array = registry.read(tensor)
+    np.testing.assert_array_equal(array, data.reshape(2, 4))
+    assert not array.flags.writeable
+    out = Tensor("y", "INT16", (3,), np.array([1, -2, 3], np.int16))
+    placed = registry.write(out, {SHM_REGION: "r", SHM_BYTE_SIZE: 6})
+    assert placed.parameters == {SHM_REGION: "r", SHM_BYTE_SIZE: 6}
+    assert placed.data.size == 0
+    assert np.frombuffer(buf[16:22], np.int16).tolist() == [1, -2, 3]
+    assert [r.name for r in registry.status()] == ["r"]
+    assert registry.status("r")[0].byte_size == 128
+    del array  # the view pins the mapping until freed
+    registry.close()
+    assert registry.status() == []
+
+
+@pytest.mark.parametrize(
+    ("name", "key", "offset", "size", "error", "fragment"),
+    [
+        ("", "/k", 0, 8, InvalidArgumentError, "must not be empty"),
+        ("r", "a/b", 0, 8, InvalidArgumentError, "not a valid POSIX shm name"),
+        ("r", "/..", 0, 8, InvalidArgumentError, "not a valid POSIX shm name"),
+        ("r", "/imx_missing_key", 0, 8, InvalidArgumentError, "unable to open"),
+        ("r", "SEG", 200, 100, InvalidArgumentError, "exceeds the 256 bytes"),
+        ("r", "SEG", 0, 0, InvalidArgumentError, "byte_size > 0"),
+    ],
+)
+def test_bad_registrations(
+    segment: shared_memory.SharedMemory,
+    name: str,
+    key: str,
+    offset: int,
+    size: int,
+    error: type[Exception],
+    fragment: str,
+) -> None:
+    registry = SharedMemoryRegistry(enabled=True)
+    with pytest.raises(error, match=fragment):
+        registry.register(name, segment.name if key == "SEG" else key, offset, size)
+    assert registry.status() == []
+
+
+def test_duplicates_and_unknown_names(segment: shared_memory.SharedMemory) -> None:
+    registry = SharedMemoryRegistry(enabled=True)
+    registry.register("r", segment.name, 0, 8)  # a key without the leading slash works too
+    with pytest.raises(InfermuxError, match="already registered") as info:
+        registry.register("r", segment.name, 0, 8)
+    assert info.value.code is ErrorCode.ALREADY_EXISTS
+    with pytest.raises(NotFoundError):
+        registry.unregister("other")
+    with pytest.raises(NotFoundError):
+        registry.status("other")
+    registry.unregister("r")
+
+
+@pytest.mark.parametrize(
+    ("params", "fragment"),
+    [
+        ({SHM_BYTE_SIZE: 8}, "must name a registered region"),
+        ({SHM_REGION: "ghost", SHM_BYTE_SIZE: 8}, "'ghost' is not registered"),
+        ({SHM_REGION: "r", SHM_BYTE_SIZE: -1}, "must be an integer >= 0"),
+        ({SHM_REGION: "r", SHM_BYTE_SIZE: True}, "must be an integer >= 0"),
+        ({SHM_REGION: "r", SHM_BYTE_SIZE: 8, SHM_OFFSET: 60}, "outside region 'r'"),
+        ({SHM_REGION: "r", SHM_BYTE_SIZE: 12}, "needs 8 bytes"),
+    ],
+)
+def test_bad_tensor_references(
+    segment: shared_memory.SharedMemory, params: dict[str, object], fragment: str
+) -> None:
+    registry = SharedMemoryRegistry(enabled=True)
+    registry.register("r", segment.name, 0, 64)
+    with pytest.raises(InvalidArgumentError, match=fragment):
+        registry.read(shm_tensor("x", "INT32", (2,), **params))
+    registry.close()
+
+
+def test_output_too_big_for_its_region(segment: shared_memory.SharedMemory) -> None:
+    registry = SharedMemoryRegistry(enabled=True)
+    registry.register("r", segment.name, 0, 64)
+    tensor = Tensor("y", "BYTES", (1,), np.array([b"x" * 10], dtype=np.object_))
+    with pytest.raises(InvalidArgumentError, match="needs 14 bytes"):
+        registry.write(tensor, {SHM_REGION: "r", SHM_BYTE_SIZE: 8})
+    registry.close()

@@ -1,0 +1,156 @@
+"""A data plane double for the gRPC front end: scripted answers, and a record of what it was asked.
+
+Models: ``echo`` returns each input as ``OUT*`` (``IN*`` renamed); ``gated`` echoes once ``gate``
+is set, which ``opener`` does; ``fail`` raises an InvalidArgumentError naming the request id;
+``crash`` raises a plain RuntimeError. ``model_metadata("error-<CODE>")`` raises with that code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from infermux.errors import ErrorCode, InfermuxError, InvalidArgumentError, NotFoundError
+from infermux.model_config import ModelConfig, pb
+from infermux.types import (
+    Duration,
+    InferRequest,
+    InferResponse,
+    ModelMetadata,
+    ModelStats,
+    RepositoryIndexEntry,
+    ServerMetadata,
+    SharedMemoryRegion,
+    Tensor,
+    TensorMetadata,
+)
+
+MODELS = ("echo", "gated", "opener", "fail", "crash")
+
+
+class FakePlane:
+    """Implements :class:`infermux.frontends.grpc.GrpcDataPlane`."""
+
+    def __init__(self) -> None:
+        self.gate = asyncio.Event()
+        self.entered = asyncio.Event()  # set when a ``gated`` request starts waiting
+        self.is_ready = True
+        self.regions: dict[str, SharedMemoryRegion] = {}
+        self.loads: list[tuple[str, str | None]] = []
+        self.unloads: list[str] = []
+
+    def live(self) -> bool:
+        return True
+
+    def ready(self) -> bool:
+        return self.is_ready
+
+    def server_metadata(self) -> ServerMetadata:
+        return ServerMetadata("infermux", "9.9", ("statistics", "system_shared_memory"))
+
+    def model_ready(self, name: str, version: str = "") -> bool:
+        if name not in MODELS:
+            raise NotFoundError(f"Request for unknown model: '{name}' is not found")
+        if version and not version.isdigit():
+            raise InvalidArgumentError(f"model version '{version}' is not a number")
+        return version in ("", "1")
+
+    def model_metadata(self, name: str, version: str = "") -> ModelMetadata:
+        if name.startswith("error-"):
+            code = ErrorCode[name.removeprefix("error-")]
+            raise InfermuxError(f"scripted {code.value} error", code)
+        if name == "crash":
+            raise RuntimeError("kaboom")
+        x = TensorMetadata("INPUT0", "FP32", (-1, 4))
+        return ModelMetadata(name, ("1",), "python", (x,), (x,))
+
+    def model_config(self, name: str, version: str = "") -> ModelConfig:
+        if name not in MODELS:
+            raise NotFoundError(f"Request for unknown model: '{name}' is not found")
+        fp32 = pb.TYPE_FP32
+        return ModelConfig.from_proto(
+            pb.ModelConfig(
+                name=name,
+                backend="python",
+                max_batch_size=8,
+                input=[pb.ModelInput(name="INPUT0", data_type=fp32, dims=[4])],
+                output=[pb.ModelOutput(name="OUTPUT0", data_type=fp32, dims=[4])],
+            )
+        )
+
+    async def infer(self, request: InferRequest) -> InferResponse:
+        name = request.model_name
+        if name == "fail":
+            raise InvalidArgumentError(f"request '{request.id}' refused")
+        if name == "crash":
+            raise RuntimeError("kaboom")
+        if name == "gated":
+            self.entered.set()
+            await self.gate.wait()
+        elif name == "opener":
+            self.gate.set()
+        elif name != "echo":
+            raise NotFoundError(f"Request for unknown model: '{name}' is not found")
+        outputs = [
+            Tensor(t.name.replace("IN", "OUT"), t.datatype, t.shape, t.data, t.parameters)
+            for t in request.inputs
+        ]
+        return InferResponse(name, "1", outputs, id=request.id, parameters={"seen": True})
+
+    def model_statistics(self, name: str = "", version: str = "") -> list[ModelStats]:
+        if name and name not in MODELS:
+            raise NotFoundError(f"Request for unknown model: '{name}' is not found")
+        return [
+            ModelStats(
+                name=m,
+                version="1",
+                last_inference=1234,
+                inference_count=10,
+                execution_count=5,
+                inference_stats={"success": Duration(10, 5000), "fail": Duration(2, 10)},
+                batch_stats=(),
+            )
+            for m in ([name] if name else MODELS)
+        ]
+
+    def repository_index(self, *, ready_only: bool = False) -> list[RepositoryIndexEntry]:
+        rows = [RepositoryIndexEntry(m, "1", "READY", "") for m in MODELS]
+        broken = RepositoryIndexEntry("broken", "1", "UNAVAILABLE", "load failed")
+        return rows if ready_only else [*rows, broken]
+
+    async def load_model(self, name: str, *, config_override: str | None = None) -> None:
+        self.loads.append((name, config_override))
+
+    async def unload_model(self, name: str) -> None:
+        self.unloads.append(name)
+
+    def shm_register(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        if name in self.regions:
+            raise InfermuxError(
+                f"shared memory region '{name}' already exists", ErrorCode.ALREADY_EXISTS
+            )
+        self.regions[name] = SharedMemoryRegion(name, key, offset, byte_size)
+
+    def shm_unregister(self, name: str = "") -> None:
+        if name:
+            self.regions.pop(name, None)
+        else:
+            self.regions.clear()
+
+    def cuda_shm_status(self, name: str = "") -> list[SharedMemoryRegion]:
+        if name:
+            raise NotFoundError(f"CUDA shared memory region '{name}' is not registered")
+        return []
+
+    def cuda_shm_register(self, name: str) -> None:
+        raise InfermuxError("CUDA shared memory is not supported", ErrorCode.UNSUPPORTED)
+
+    def cuda_shm_unregister(self, name: str = "") -> None:
+        if name:
+            raise NotFoundError(f"CUDA shared memory region '{name}' is not registered")
+
+    def shm_status(self, name: str = "") -> list[SharedMemoryRegion]:
+        if not name:
+            return list(self.regions.values())
+        if name not in self.regions:
+            raise NotFoundError(f"Unable to find system shared memory region: '{name}'")
+        return [self.regions[name]]

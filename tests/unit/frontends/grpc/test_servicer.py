@@ -1,0 +1,235 @@
+"""The gRPC service in-process: a grpc.aio server on port 0, driven by tritonclient's aio client.
+
+The data plane is a scripted double (``fake_plane``), so these tests pin the front end alone:
+decoding, the one data-plane call, encoding, and Triton's status for each error code.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc  # type: ignore[import-untyped,unused-ignore]  # grpcio ships no type information
+import numpy as np
+import pytest
+from tritonclient.grpc import InferInput, InferRequestedOutput, service_pb2
+from tritonclient.grpc.aio import InferenceServerClient
+from tritonclient.utils import InferenceServerException
+
+from infermux.errors import ErrorCode
+from infermux.frontends.grpc import GrpcServer
+from infermux.frontends.grpc.servicer import STATUS_OF
+
+from .fake_plane import FakePlane
+
+
+@pytest.fixture
+def plane() -> FakePlane:
+    return FakePlane()
+
+
+@pytest.fixture
+async def client(plane: FakePlane) -> AsyncIterator[Any]:
+    server = GrpcServer(plane, addresses=["127.0.0.1:0"], graceful_timeout=1)
+    await server.start()
+    async with InferenceServerClient(f"127.0.0.1:{server.bound_port}") as triton:
+        yield triton
+    await server.stop()
+
+
+def fp32_input(values: list[float]) -> InferInput:
+    array = np.array([values], dtype=np.float32)
+    return InferInput("INPUT0", list(array.shape), "FP32").set_data_from_numpy(array)
+
+
+async def expect_status(call: Any, status: str, message: str) -> None:
+    with pytest.raises(InferenceServerException) as caught:
+        await call
+    assert caught.value.status() == f"StatusCode.{status}"
+    assert message in caught.value.message()
+
+
+async def test_health_and_metadata(client: Any, plane: FakePlane) -> None:
+    assert await client.is_server_live()
+    assert await client.is_server_ready()
+    plane.is_ready = False
+    assert not await client.is_server_ready()
+    assert await client.is_model_ready("echo")
+    assert not await client.is_model_ready("echo", "2")
+    assert not await client.is_model_ready("nobody")  # unknown is "not ready", not an error
+    await expect_status(client.is_model_ready("echo", "x"), "INVALID_ARGUMENT", "not a number")
+    server = await client.get_server_metadata()
+    assert (server.name, server.version) == ("infermux", "9.9")
+    assert list(server.extensions) == ["statistics", "system_shared_memory"]
+    meta = await client.get_model_metadata("echo", as_json=True)
+    assert meta["inputs"] == [{"name": "INPUT0", "datatype": "FP32", "shape": ["-1", "4"]}]
+    config = await client.get_model_config("echo")
+    assert config.config.max_batch_size == 8
+    assert config.config.input[0].name == "INPUT0"
+
+
+async def test_infer(client: Any) -> None:
+    result = await client.infer(
+        "echo",
+        [fp32_input([1.0, 2.0, 3.0, 4.0])],
+        request_id="r7",
+        outputs=[InferRequestedOutput("OUTPUT0")],
+        parameters={"custom": "x"},
+    )
+    assert result.as_numpy("OUTPUT0").tolist() == [[1.0, 2.0, 3.0, 4.0]]
+    response = result.get_response()
+    assert (response.id, response.model_name, response.model_version) == ("r7", "echo", "1")
+    assert response.parameters["seen"].bool_param
+
+
+async def test_infer_errors_carry_triton_status(client: Any) -> None:
+    await expect_status(
+        client.infer("fail", [fp32_input([1.0])], request_id="q"),
+        "INVALID_ARGUMENT",
+        "request 'q' refused",
+    )
+    await expect_status(client.infer("nobody", [fp32_input([1.0])]), "NOT_FOUND", "nobody")
+
+
+async def test_stream_answers_as_requests_complete_and_survives_a_failure(
+    client: Any, plane: FakePlane
+) -> None:
+    async def requests() -> AsyncIterator[dict[str, Any]]:
+        # 'gated' waits for 'opener', sent after it: only concurrent handling answers all three.
+        for model, request_id in (("gated", "first"), ("fail", "second"), ("opener", "third")):
+            yield {"model_name": model, "inputs": [fp32_input([5.0])], "request_id": request_id}
+
+    answers = [answer async for answer in client.stream_infer(requests())]
+    assert len(answers) == 3
+    by_id: dict[str, Any] = {}
+    for result, error in answers:
+        if error is not None:
+            assert result is None
+            by_id["second"] = error
+        else:
+            by_id[result.get_response().id] = result
+    assert "request 'second' refused" in by_id["second"].message()
+    assert by_id["third"].as_numpy("OUTPUT0").tolist() == [[5.0]]
+    assert by_id["first"].as_numpy("OUTPUT0").tolist() == [[5.0]]
+    last_result, _ = answers[-1]
+    assert last_result.get_response().id == "first"
+
+
+async def test_stream_error_names_the_failed_request(client: Any) -> None:
+    # tritonclient hides the echoed request of an error; read the raw stream message instead.
+    async def requests() -> AsyncIterator[Any]:
+        yield {"model_name": "crash", "inputs": [fp32_input([1.0])], "request_id": "c1"}
+
+    stream = client.stream_infer(requests())
+    raw = await stream._grpc_call.read()
+    assert raw.error_message == "internal error: kaboom"
+    assert (raw.infer_response.id, raw.infer_response.model_name) == ("c1", "crash")
+
+
+async def test_stream_with_no_requests_ends(client: Any) -> None:
+    async def requests() -> AsyncIterator[dict[str, Any]]:
+        return
+        yield  # an async generator that yields nothing
+
+    assert [a async for a in client.stream_infer(requests())] == []
+
+
+@pytest.mark.parametrize("code", list(ErrorCode))
+async def test_every_error_code_maps_to_tritons_grpc_status(client: Any, code: ErrorCode) -> None:
+    status = STATUS_OF[code].name
+    await expect_status(
+        client.get_model_metadata(f"error-{code.name}"), status, f"scripted {code.value} error"
+    )
+
+
+async def test_unexpected_exceptions_are_internal_and_logged(
+    client: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.ERROR, logger="infermux.frontends.grpc.servicer"):
+        await expect_status(client.get_model_metadata("crash"), "INTERNAL", "kaboom")
+    assert any(r.exc_info for r in caplog.records)
+
+
+async def test_statistics(client: Any) -> None:
+    stats = await client.get_inference_statistics("echo")
+    (entry,) = stats.model_stats
+    assert (entry.name, entry.version, entry.inference_count, entry.execution_count) == (
+        "echo",
+        "1",
+        10,
+        5,
+    )
+    assert (entry.inference_stats.success.count, entry.inference_stats.success.ns) == (10, 5000)
+    assert entry.last_inference == 1234
+    everything = await client.get_inference_statistics()
+    assert len(everything.model_stats) == 5
+    await expect_status(client.get_inference_statistics("nobody"), "NOT_FOUND", "nobody")
+
+
+async def test_repository(client: Any, plane: FakePlane) -> None:
+    index = await client.get_model_repository_index()
+    assert [(m.name, m.state) for m in index.models][-1] == ("broken", "UNAVAILABLE")
+    assert index.models[-1].reason == "load failed"
+    override = json.dumps({"max_batch_size": 2})
+    await client.load_model("echo")
+    await client.load_model("echo", config=override)
+    await client.unload_model("echo")
+    assert plane.loads == [("echo", None), ("echo", override)]
+    assert plane.unloads == ["echo"]
+    await expect_status(
+        client.load_model("echo", files={"file:1/model.py": b"x"}),
+        "UNIMPLEMENTED",
+        "'file:1/model.py': file overrides are not supported",
+    )
+
+
+async def test_system_shared_memory(client: Any, plane: FakePlane) -> None:
+    await client.register_system_shared_memory("r", "/infermux_key", 64, offset=8)
+    status = await client.get_system_shared_memory_status()
+    region = status.regions["r"]
+    assert (region.name, region.key, region.offset, region.byte_size) == (
+        "r",
+        "/infermux_key",
+        8,
+        64,
+    )
+    await expect_status(
+        client.register_system_shared_memory("r", "/other", 8), "ALREADY_EXISTS", "'r'"
+    )
+    await expect_status(client.get_system_shared_memory_status("zz"), "NOT_FOUND", "'zz'")
+    await client.unregister_system_shared_memory()
+    assert plane.regions == {}
+
+
+async def test_unsupported_rpcs_say_so(client: Any) -> None:
+    calls: list[tuple[str, Callable[[], Awaitable[Any]]]] = [
+        ("trace settings", client.get_trace_settings),
+        ("log settings", client.get_log_settings),
+    ]
+    for what, call in calls:
+        await expect_status(call(), "UNIMPLEMENTED", f"{what} is not supported by infermux yet")
+
+
+async def test_load_config_must_be_a_string(client: Any) -> None:
+    # tritonclient always sends a string; a hand-built request can send anything.
+    request = service_pb2.RepositoryModelLoadRequest(model_name="echo")
+    request.parameters["config"].bool_param = True
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await client._client_stub.RepositoryModelLoad(request)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert caught.value.details() == "parameter 'config' must be a ModelConfig JSON string"
+
+
+async def test_cuda_shared_memory_has_no_regions(client: Any) -> None:
+    # perf_analyzer unregisters all CUDA regions unconditionally: that must succeed.
+    await client.unregister_cuda_shared_memory()
+    status = await client.get_cuda_shared_memory_status()
+    assert not status.regions
+    await expect_status(client.get_cuda_shared_memory_status("c"), "NOT_FOUND", "'c'")
+    handle = base64.b64encode(b"cuda-ipc-handle")
+    await expect_status(
+        client.register_cuda_shared_memory("c", handle, 0, 16), "UNIMPLEMENTED", "not supported"
+    )
