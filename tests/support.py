@@ -177,3 +177,18 @@ def start_server(*args: str, timeout: float = 60) -> ServerProcess:
             log = "\n".join(server.log)
             raise RuntimeError(f"infermux serve did not become ready:\n{log}")
     return server
+
+
+# Returns the request's parameters as a JSON string (BYTES output), to see what reached the model.
+PARAMETERS_MODEL = """
+import json
+from typing import Any
+
+import numpy as np
+
+
+class Model:
+    def execute(self, requests: list[Any]) -> list[Any]:
+        seen = [json.dumps(r.parameters, sort_keys=True).encode() for r in requests]
+        return [{"OUTPUT0": np.array([[s]], dtype=object)} for s in seen]
+"""
