@@ -142,10 +142,8 @@ class DataPlane:
         elif version:
             models = [self._repository.get(name, version)]
         else:
+            self._repository.get(name)  # raises the precise not-found/unavailable error
             models = [m for m in self._repository.served() if m.name == name]
-            if not models:
-                self._repository.get(name)  # raises the precise not-found/unavailable error
-                raise NotFoundError(f"Request for unknown model: '{name}' is not found")
         return [m.stats.snapshot() for m in models]
 
     # -- system shared memory ---------------------------------------------------------------------

@@ -196,3 +196,31 @@ async def test_unknown_routes(client: httpx.AsyncClient) -> None:
     assert (await client.get("/v2/models/ident/bogus")).status_code == 404
     assert (await client.put("/v2")).status_code == 405
     assert (await client.post("/v2/models/ident")).status_code == 405
+
+
+async def test_cuda_shared_memory_has_no_regions(client: httpx.AsyncClient) -> None:
+    assert (await client.get("/v2/cudasharedmemory/status")).json() == []
+    assert (await client.post("/v2/cudasharedmemory/unregister")).status_code == 200
+    assert (await client.get("/v2/cudasharedmemory/region/c/status")).status_code == 404
+    reply = await client.post("/v2/cudasharedmemory/region/c/register", json={})
+    assert reply.status_code == 501
+    assert "system shared memory" in reply.json()["error"]
+
+
+async def test_system_shared_memory_is_off_by_default(client: httpx.AsyncClient) -> None:
+    reply = await client.get("/v2/systemsharedmemory/status")
+    assert reply.status_code == 501
+    assert "--allow-client-shm" in reply.json()["error"]
+    assert (await client.post("/v2/systemsharedmemory/register")).status_code == 404
+
+
+async def test_statistics_routes(client: httpx.AsyncClient) -> None:
+    await client.post("/v2/models/ident/infer", json=infer_body([1.0]))
+    every = (await client.get("/v2/models/stats")).json()["model_stats"]
+    assert {s["name"] for s in every} == {"ident", "words", "rawbytes", "fixed"}
+    one = (await client.get("/v2/models/ident/versions/1/stats")).json()["model_stats"]
+    assert one[0]["inference_count"] == 1
+    assert (await client.get("/v2/models/ghost/stats")).status_code == 404
+    assert (await client.get("/v2/models/ident/versions/9/stats")).status_code == 404
+    await client.post("/v2/repository/models/ident/unload")
+    assert (await client.get("/v2/models/ident/stats")).status_code == 503
