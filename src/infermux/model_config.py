@@ -23,6 +23,7 @@ __all__ = [
     "DynamicBatchingConfig",
     "InstanceGroupConfig",
     "ModelConfig",
+    "QueuePolicyConfig",
     "TensorConfig",
     "VersionPolicy",
     "config_datatype",
@@ -62,14 +63,33 @@ class InstanceGroupConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class QueuePolicyConfig:
+    """``ModelQueuePolicy``: what happens to requests that wait too long, and the queue's bound.
+
+    ``default_timeout_microseconds`` 0 and ``max_queue_size`` 0 mean unlimited.
+    """
+
+    timeout_action: Literal["REJECT", "DELAY"] = "REJECT"
+    default_timeout_microseconds: int = 0
+    allow_timeout_override: bool = False
+    max_queue_size: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class DynamicBatchingConfig:
-    """``dynamic_batching``; the scheduler reads it, the queue policies stay in ``proto``."""
+    """``dynamic_batching`` with Triton's meaning (level 1 is the highest priority)."""
 
     preferred_batch_sizes: tuple[int, ...] = ()
     max_queue_delay_microseconds: int = 0
     preserve_ordering: bool = False
     priority_levels: int = 0
     default_priority_level: int = 0
+    default_queue_policy: QueuePolicyConfig = QueuePolicyConfig()
+    priority_queue_policy: Mapping[int, QueuePolicyConfig] = dataclasses.field(default_factory=dict)
+
+    def policy(self, level: int) -> QueuePolicyConfig:
+        """The queue policy of priority ``level``."""
+        return self.priority_queue_policy.get(level, self.default_queue_policy)
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,12 +271,31 @@ def _dynamic_batching(
             "dynamic_batching.default_priority_level",
             f"{db.default_priority_level} must be in [1, priority_levels={db.priority_levels}]",
         )
+    per_level = {}
+    for level, policy in db.priority_queue_policy.items():
+        if not 1 <= level <= db.priority_levels:
+            raise fail(
+                f"dynamic_batching.priority_queue_policy[{level}]",
+                f"priority level must be in [1, priority_levels={db.priority_levels}]",
+            )
+        per_level[int(level)] = _queue_policy(policy)
     return DynamicBatchingConfig(
-        preferred_batch_sizes=tuple(db.preferred_batch_size),
+        preferred_batch_sizes=tuple(sorted(set(db.preferred_batch_size))),
         max_queue_delay_microseconds=db.max_queue_delay_microseconds,
         preserve_ordering=db.preserve_ordering,
         priority_levels=db.priority_levels,
         default_priority_level=db.default_priority_level,
+        default_queue_policy=_queue_policy(db.default_queue_policy),
+        priority_queue_policy=per_level,
+    )
+
+
+def _queue_policy(policy: pb.ModelQueuePolicy) -> QueuePolicyConfig:
+    return QueuePolicyConfig(
+        timeout_action="DELAY" if policy.timeout_action == pb.ModelQueuePolicy.DELAY else "REJECT",
+        default_timeout_microseconds=policy.default_timeout_microseconds,
+        allow_timeout_override=policy.allow_timeout_override,
+        max_queue_size=policy.max_queue_size,
     )
 
 

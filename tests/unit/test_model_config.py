@@ -15,6 +15,7 @@ from infermux.model_config import (
     DynamicBatchingConfig,
     InstanceGroupConfig,
     ModelConfig,
+    QueuePolicyConfig,
     TensorConfig,
     VersionPolicy,
     config_datatype,
@@ -130,7 +131,14 @@ def test_from_proto_builds_the_typed_config() -> None:
         preserve_ordering=True,
         priority_levels=2,
         default_priority_level=1,
+        default_queue_policy=QueuePolicyConfig(default_timeout_microseconds=7, max_queue_size=3),
+        priority_queue_policy={
+            1: QueuePolicyConfig(default_timeout_microseconds=9_000_000_000),
+            2: QueuePolicyConfig(default_timeout_microseconds=11),
+        },
     )
+    assert config.dynamic_batching.policy(2).default_timeout_microseconds == 11
+    assert config.dynamic_batching.policy(5).max_queue_size == 3
     assert config.version_policy == VersionPolicy(kind="latest", num_versions=2)
     assert config.parameters == {"k": "v"}
     assert config.proto.name == "m"

@@ -75,6 +75,9 @@ class Backend(Protocol):
     """Makes instances of one kind of model (chosen by config ``backend`` or ``platform``)."""
 
     name: str
+    stacks_inputs: bool
+    """True when instances run one kernel over the stacked batch, so the scheduler must only
+    batch requests whose shapes match past the batch dimension (False: a list of requests)."""
 
     def load(self, context: ModelContext) -> BackendInstance:
         """Create one instance; raise :class:`~infermux.errors.ModelLoadError` saying why not."""

@@ -36,6 +36,7 @@ class PythonBackend:
     """Loads ``model.py`` and wraps its ``Model`` class."""
 
     name = "python"
+    stacks_inputs = False  # execute() receives the list of requests; the model may stack them
 
     def load(self, context: ModelContext) -> PythonInstance:
         filename = context.config.default_model_filename or DEFAULT_FILENAME

@@ -29,7 +29,7 @@ from infermux.errors import (
 from infermux.model_config import ModelConfig
 from infermux.repository.config_file import load_model_config
 from infermux.repository.layout import ModelSource, discover_models, fingerprint, list_versions
-from infermux.scheduling import GreedyBatcher, Scheduler
+from infermux.scheduling import DynamicBatcher, Scheduler, stacking
 from infermux.statistics import ModelStatistics
 from infermux.types import RepositoryIndexEntry
 
@@ -332,13 +332,14 @@ class ModelRepository:
         except Exception as exc:
             logger.exception("model '%s' version %d: unexpected load failure", config.name, version)
             return f"{type(exc).__name__}: {exc}"
-        batch_rows = config.max_batch_size if config.dynamic_batching is not None else 1
         stats = ModelStatistics(config.name, version)
-        scheduler = GreedyBatcher(
+        scheduler = DynamicBatcher(
             f"{config.name}_v{version}",
             instances,
             finish=functools.partial(to_output_tensors, config),
-            max_batch_rows=batch_rows,
+            batching=config.dynamic_batching,
+            max_batch_size=config.max_batch_size,
+            compatible=stacking.compatible if backend.stacks_inputs else None,
             stats=stats,
         )
         return LoadedModel(config, version, scheduler, stats)

@@ -1,35 +1,32 @@
-"""Batch formation when an instance is free.
+"""The dynamic batcher: batch formation while instances compute, with Triton's semantics.
 
 Each instance has a worker coroutine and one dedicated thread (backends need not be thread-safe, and
-a blocking ``execute`` must never stall the event loop). While an instance computes, requests
-collect in the queue; as soon as it is free it takes everything waiting, up to ``max_batch_size``
-rows, as its next batch. That is Triton's dynamic batching with ``max_queue_delay_microseconds: 0``;
-delays, preferred sizes, priorities and queue policies build on this stage.
+a blocking ``execute`` must never stall the event loop). Workers pull batches from the model's
+:class:`RequestQueue`. A free worker dispatches at once when ``max_queue_delay_microseconds`` is 0;
+otherwise when the queue holds ``max_batch_size`` rows, when it can form a preferred batch size, or
+when the oldest request has waited the delay. While instances compute, requests collect, so batches
+grow with load without a timer loop.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
+import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 from infermux.backends.base import BackendInstance, ExecuteResult, ModelRequest
 from infermux.errors import InfermuxError, InternalError, UnavailableError
+from infermux.model_config import DynamicBatchingConfig
 from infermux.scheduling.base import Completion, Finisher
+from infermux.scheduling.queue import TIMED_OUT, Pending, RequestQueue
 from infermux.statistics import ModelStatistics
 
 logger = logging.getLogger(__name__)
 
-
-@dataclass(slots=True)
-class _Pending:
-    request: ModelRequest
-    future: asyncio.Future[Completion]
-    enqueued_ns: int
+Compatible = Callable[[ModelRequest, ModelRequest], bool]
 
 
 def _timed_execute(
@@ -41,12 +38,13 @@ def _timed_execute(
     return results, start, time.perf_counter_ns()
 
 
-class GreedyBatcher:
+class DynamicBatcher:
     """A :class:`~infermux.scheduling.base.Scheduler` over a fixed set of instances.
 
-    ``max_batch_rows`` is the most batch rows one ``execute`` call receives; 1 (or a model without
-    dynamic batching) means one request per call. ``finish`` turns each request's raw result into
-    its outputs right after its batch ran (timed as compute_output); ``stats`` records executions.
+    ``batching`` None means Triton's default scheduler: one request per execution, FIFO, no queue
+    policy. ``max_batch_size`` bounds the rows of one batch. ``finish`` turns each request's raw
+    result into its outputs right after its batch ran (timed as compute_output). ``compatible``,
+    when given, keeps requests that cannot be stacked together out of one batch.
     """
 
     def __init__(
@@ -55,7 +53,9 @@ class GreedyBatcher:
         instances: Sequence[BackendInstance],
         *,
         finish: Finisher,
-        max_batch_rows: int = 1,
+        batching: DynamicBatchingConfig | None = None,
+        max_batch_size: int = 1,
+        compatible: Compatible | None = None,
         stats: ModelStatistics | None = None,
     ) -> None:
         if not instances:
@@ -63,9 +63,14 @@ class GreedyBatcher:
         self._name = name
         self._finish = finish
         self._stats = stats
+        self._compatible = compatible
+        self._queue = RequestQueue(batching)
+        self._max_rows = max(1, max_batch_size) if batching is not None else 1
+        self._delay_ns = batching.max_queue_delay_microseconds * 1000 if batching else 0
+        self._preferred = [p for p in (batching.preferred_batch_sizes if batching else ()) if p]
+        self._preserve = bool(batching and batching.preserve_ordering)
+        self._tail: asyncio.Future[None] | None = None  # last response gate (preserve_ordering)
         self._instances = list(instances)
-        self._max_rows = max(1, max_batch_rows)
-        self._queue: collections.deque[_Pending] = collections.deque()
         self._wakeup = asyncio.Event()
         self._closing = False
         self._in_flight = 0
@@ -75,8 +80,10 @@ class GreedyBatcher:
             ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{name}-instance{i}")
             for i in range(len(self._instances))
         ]
+        loop = asyncio.get_running_loop()
+        self._loop = loop
         self._workers = [
-            asyncio.get_running_loop().create_task(self._work(i), name=f"{name}-worker{i}")
+            loop.create_task(self._work(i), name=f"{name}-worker{i}")
             for i in range(len(self._instances))
         ]
 
@@ -87,17 +94,47 @@ class GreedyBatcher:
     async def submit(self, request: ModelRequest) -> Completion:
         if self._closing:
             raise UnavailableError(f"model '{self._name}' is unloading")
-        future: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
-        self._queue.append(_Pending(request, future, time.perf_counter_ns()))
+        pending = Pending(
+            request,
+            self._loop.create_future(),
+            self._queue.level_of(request.parameters),
+            request.batch_size if self._max_rows > 1 else 1,
+        )
+        self._queue.admit(pending)  # raises when the level is full
+        if pending.deadline_ns:
+            self._loop.call_later(
+                (pending.deadline_ns - pending.enqueued_ns) / 1e9, self._apply_timeouts
+            )
+        gate: asyncio.Future[None] | None = None
+        previous = self._tail
+        if self._preserve:
+            gate = self._tail = self._loop.create_future()
         self._in_flight += 1
         self._idle.clear()
         self._wakeup.set()
         try:
-            return await future
+            try:
+                completion = await pending.future
+                error: InfermuxError | None = None
+            except InfermuxError as exc:
+                completion, error = None, exc
+            if gate is not None and previous is not None and not previous.done():
+                await asyncio.shield(previous)  # responses leave in arrival order
+        except BaseException:  # cancelled: the client is gone, so leave the queue now
+            self._queue.remove(pending)
+            if gate is not None:
+                _release_after(previous, gate)
+            raise
         finally:
             self._in_flight -= 1
             if self._in_flight == 0:
                 self._idle.set()
+        if gate is not None:
+            gate.set_result(None)
+        if error is not None:
+            raise error
+        assert completion is not None
+        return completion
 
     async def close(self) -> None:
         self._closing = True
@@ -105,46 +142,59 @@ class GreedyBatcher:
         for worker in self._workers:
             worker.cancel()
         await asyncio.gather(*self._workers, return_exceptions=True)
-        loop = asyncio.get_running_loop()
         for instance, thread in zip(self._instances, self._threads, strict=True):
             try:
-                await loop.run_in_executor(thread, instance.close)
+                await self._loop.run_in_executor(thread, instance.close)
             except Exception:
                 logger.exception("model '%s': closing an instance failed", self._name)
             thread.shutdown(wait=False)
 
-    def _next_batch(self) -> list[_Pending]:
-        batch: list[_Pending] = []
-        rows = 0
-        while self._queue:
-            head = self._queue[0]
-            if head.future.done():  # the client went away before the request ran
-                self._queue.popleft()
-                continue
-            size = head.request.batch_size if self._max_rows > 1 else 1
-            if batch and rows + size > self._max_rows:
-                break
-            batch.append(self._queue.popleft())
-            rows += size
-            if rows >= self._max_rows:
-                break
-        return batch
+    # -- batch formation --------------------------------------------------------------------------
 
-    async def _work(self, index: int) -> None:
-        loop = asyncio.get_running_loop()
-        instance, thread = self._instances[index], self._threads[index]
+    def _apply_timeouts(self) -> None:
+        for pending in self._queue.expire(time.perf_counter_ns()):
+            if not pending.future.done():
+                pending.future.set_exception(UnavailableError(TIMED_OUT))
+        self._wakeup.set()  # DELAY requests moved: let idle workers look again
+
+    async def _next_batch(self) -> list[Pending]:
+        queue = self._queue
         while True:
-            if not self._queue:
+            if not queue:
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 continue
-            batch = self._next_batch()
-            if not batch:
+            now = time.perf_counter_ns()
+            waited = now - queue.oldest_ns()
+            due = self._delay_ns == 0 or waited >= self._delay_ns
+            target = self._target(queue.rows, due)
+            if target:
+                batch = queue.take(target, self._compatible)
+                if batch:
+                    return batch
                 continue
+            # Not yet: sleep until a request arrives or the oldest one has waited the delay.
+            self._wakeup.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._wakeup.wait(), (self._delay_ns - waited) / 1e9)
+
+    def _target(self, rows: int, due: bool) -> int:
+        """How many rows to take now (0: keep waiting)."""
+        if rows >= self._max_rows or due:
+            return self._max_rows
+        reachable = [p for p in self._preferred if p <= rows]
+        return max(reachable) if reachable else 0
+
+    async def _work(self, index: int) -> None:
+        instance, thread = self._instances[index], self._threads[index]
+        while True:
+            batch = await self._next_batch()
+            if len(batch) > 1 or self._queue:
+                self._wakeup.set()  # another idle worker may form the next batch meanwhile
             dequeued = time.perf_counter_ns()
             requests = [p.request for p in batch]
             try:
-                results, started, ended = await loop.run_in_executor(
+                results, started, ended = await self._loop.run_in_executor(
                     thread, _timed_execute, instance, requests
                 )
             except InfermuxError as exc:
@@ -155,19 +205,14 @@ class GreedyBatcher:
                 _fail_all(batch, InternalError(f"model '{self._name}' failed: {exc}"))
                 continue
             if len(results) != len(batch):
-                _fail_all(
-                    batch,
-                    InternalError(
-                        f"model '{self._name}' returned {len(results)} results for "
-                        f"{len(batch)} requests"
-                    ),
-                )
+                message = f"returned {len(results)} results for {len(batch)} requests"
+                _fail_all(batch, InternalError(f"model '{self._name}' {message}"))
                 continue
             self._complete(batch, results, dequeued, started, ended)
 
     def _complete(
         self,
-        batch: list[_Pending],
+        batch: list[Pending],
         results: Sequence[ExecuteResult],
         dequeued: int,
         started: int,
@@ -192,16 +237,28 @@ class GreedyBatcher:
             output_ns = time.perf_counter_ns() - begin
             output_total += output_ns
             if not pending.future.done():
+                queue_ns = dequeued - pending.enqueued_ns
                 pending.future.set_result(
-                    Completion(
-                        outputs, dequeued - pending.enqueued_ns, input_ns, infer_ns, output_ns
-                    )
+                    Completion(outputs, queue_ns, input_ns, infer_ns, output_ns)
                 )
         if self._stats is not None:
             self._stats.record_execution(rows, input_ns, infer_ns, output_total)
 
 
-def _fail_all(batch: list[_Pending], error: InfermuxError) -> None:
+def _fail_all(batch: list[Pending], error: InfermuxError) -> None:
     for pending in batch:
         if not pending.future.done():
             pending.future.set_exception(error)
+
+
+def _release_after(previous: asyncio.Future[None] | None, gate: asyncio.Future[None]) -> None:
+    """Open ``gate`` once ``previous`` is open (a cancelled request must not block later ones)."""
+
+    def open_gate(_: object = None) -> None:
+        if not gate.done():
+            gate.set_result(None)
+
+    if previous is None or previous.done():
+        open_gate()
+    else:
+        previous.add_done_callback(open_gate)

@@ -9,7 +9,8 @@ import pytest
 
 from infermux.backends.base import ExecuteResult, ModelRequest
 from infermux.errors import InfermuxError, InternalError, InvalidArgumentError, UnavailableError
-from infermux.scheduling import Completion, GreedyBatcher
+from infermux.model_config import DynamicBatchingConfig
+from infermux.scheduling import Completion, DynamicBatcher
 from infermux.statistics import ModelStatistics
 from infermux.types import Tensor
 
@@ -56,9 +57,16 @@ def finish(request: ModelRequest, result: ExecuteResult) -> list[Tensor]:
 
 
 def batcher_of(
-    instances: list[Recorder], rows: int, stats: ModelStatistics | None = None
-) -> GreedyBatcher:
-    return GreedyBatcher("m", instances, finish=finish, max_batch_rows=rows, stats=stats)
+    instances: list[Recorder],
+    rows: int,
+    stats: ModelStatistics | None = None,
+    batching: DynamicBatchingConfig | None = None,
+) -> DynamicBatcher:
+    if batching is None and rows > 1:
+        batching = DynamicBatchingConfig()
+    return DynamicBatcher(
+        "m", instances, finish=finish, batching=batching, max_batch_size=rows, stats=stats
+    )
 
 
 def value_of(done: Completion) -> int:
@@ -211,7 +219,7 @@ async def test_a_bad_result_fails_its_request() -> None:
     def broken(request: ModelRequest, result: ExecuteResult) -> list[Tensor]:
         raise KeyError("y")
 
-    batcher = GreedyBatcher("m", [Recorder()], finish=broken)
+    batcher = DynamicBatcher("m", [Recorder()], finish=broken)
     with pytest.raises(InternalError, match="bad result"):
         await batcher.submit(request(1))
     await batcher.close()

@@ -134,7 +134,7 @@ class HttpApp:
             infer_request = self._raw_request(name, version, body)
         else:
             infer_request = codec.decode_infer_request(body, header_length, name, version)
-        response = await self._dp.infer(infer_request)
+        response = await request.unless_disconnected(self._dp.infer(infer_request))
         encoded = codec.encode_infer_response(
             response, codec.request_output_parameters(infer_request), infer_request.parameters
         )

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import zlib
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from infermux.errors import ErrorCode, InfermuxError, InvalidArgumentError
 from infermux.frontends.http import codec
@@ -14,6 +15,7 @@ Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
+T = TypeVar("T")
 
 STATUS_OF: dict[ErrorCode, int] = {
     ErrorCode.INTERNAL: 500,
@@ -103,6 +105,25 @@ class Request:
         if encoding in ("", "identity"):
             return body
         return _decompress(body, encoding, limit)
+
+    async def unless_disconnected(self, work: Awaitable[T]) -> T:
+        """Await ``work``, cancelling it if the client disconnects first (it leaves the queue)."""
+        task = asyncio.ensure_future(work)
+        watcher = asyncio.ensure_future(self._disconnected())
+        try:
+            await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not task.done():
+                task.cancel()
+            watcher.cancel()
+        if task.cancelled():
+            raise HttpError(499, "client disconnected before the response was ready")
+        return task.result()
+
+    async def _disconnected(self) -> None:
+        # After the whole body was read, the server's next message is the disconnect.
+        while (await self.receive())["type"] != "http.disconnect":
+            pass
 
     async def json_object(self) -> dict[str, Any]:
         """The body as a JSON object; an empty body is ``{}``."""

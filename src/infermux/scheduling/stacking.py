@@ -1,0 +1,60 @@
+"""Stacking the requests of a batch into one tensor per input, and splitting outputs back.
+
+Backends that run one kernel over the whole batch (PyTorch, ONNX Runtime, TensorRT) need this; the
+Python backend receives the list of requests and may use these helpers itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from infermux.backends.base import ModelRequest
+from infermux.errors import InvalidArgumentError
+
+
+def compatible(a: ModelRequest, b: ModelRequest) -> bool:
+    """Whether two requests can share a stacked batch: same inputs and shapes past the batch."""
+    if a.inputs.keys() != b.inputs.keys():
+        return False
+    for name, array in a.inputs.items():
+        other = b.inputs[name]
+        if array.shape[1:] != other.shape[1:] or array.dtype != other.dtype:
+            return False
+    return True
+
+
+def stack(requests: Sequence[ModelRequest]) -> dict[str, npt.NDArray[np.generic]]:
+    """Concatenate each input of ``requests`` along the batch dimension (requests in order)."""
+    if not requests:
+        raise ValueError("cannot stack an empty batch")
+    first = requests[0]
+    for other in requests[1:]:
+        if not compatible(first, other):
+            raise InvalidArgumentError("requests with different input shapes cannot be stacked")
+    if len(requests) == 1:
+        return dict(first.inputs)
+    return {
+        name: np.concatenate([r.inputs[name] for r in requests], axis=0) for name in first.inputs
+    }
+
+
+def split(
+    outputs: Mapping[str, npt.NDArray[np.generic]], batch_sizes: Sequence[int]
+) -> list[dict[str, npt.NDArray[np.generic]]]:
+    """Cut each stacked output back into one slice per request (views, no copies)."""
+    total = sum(batch_sizes)
+    for name, array in outputs.items():
+        if array.ndim == 0 or array.shape[0] != total:
+            raise InvalidArgumentError(
+                f"output '{name}' has {array.shape[0] if array.ndim else 0} rows but the batch has "
+                f"{total}"
+            )
+    results: list[dict[str, npt.NDArray[np.generic]]] = []
+    start = 0
+    for size in batch_sizes:
+        results.append({name: array[start : start + size] for name, array in outputs.items()})
+        start += size
+    return results
