@@ -570,6 +570,10 @@ def summarize(
                     "server_avg_compute_infer_us",
                 )
             }
+            # CPU time per inference: robust to other tenants stealing wall time on a shared machine.
+            for side in ("client", "server"):
+                per = [1e6 * r[f"{side}_cpu"] / r["infer_per_s"] for r in ok if r["infer_per_s"]]
+                cell[f"{side}_cpu_us_per_infer"] = round(statistics.median(per), 1) if per else None
             cell["spread_pct"] = round(100 * (max(rates) - min(rates)) / statistics.mean(rates), 1)
             cell["errors"] = sum(r["errors"] for r in ok)
             cell["rounds"] = len(ok)
@@ -593,6 +597,12 @@ def ceilings(raw: dict[str, Any]) -> dict[str, float]:
 
 def fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
+
+
+def blas_name(blas: Any) -> str:
+    if not isinstance(blas, dict):
+        return "?"
+    return f"{blas.get('name', '?')} {blas.get('version', '')}".strip()
 
 
 def write_md(doc: dict[str, Any], path: Path) -> None:
@@ -626,7 +636,7 @@ def write_md(doc: dict[str, Any], path: Path) -> None:
     lines.append(
         "- Versions: "
         + ", ".join(f"{k} {v[k]}" for k in v)
-        + f"; numpy BLAS {json.dumps(raw.get('before', {}).get('numpy_blas'))}; git {g['commit'][:10]}"
+        + f"; numpy BLAS {blas_name(raw.get('before', {}).get('numpy_blas'))}; git {g['commit'][:10]}"
         + (f" (dirty: {', '.join(g['dirty'])})" if g["dirty"] else "")
         + f", scheduling sources sha256 {g['scheduling_sha256']}.\n"
     )
@@ -650,13 +660,13 @@ def write_md(doc: dict[str, Any], path: Path) -> None:
     lines.append(
         "`x single` = infer/s ÷ mlp_single's infer/s at the same concurrency. `% ceiling` = infer/s ÷ "
         "the raw rows/s at batch 1 (for mlp_single) or batch 32 (dynamic models). `client` / `server` "
-        "CPU = cores used (1.00 = one full core). `spread` = (max - min) / mean of infer/s over rounds.\n"
+        "CPU = cores used (1.00 = one full core); `server CPU us/infer` = server CPU time per inference. `spread` = (max - min) / mean of infer/s over rounds.\n"
     )
     lines.append(
         "| c | model | infer/s | x single | % ceiling | avg batch | p50 ms | p90 ms | p99 ms | "
-        "client CPU | server CPU | spread | errors |"
+        "client CPU | server CPU | server CPU us/infer | spread | errors |"
     )
-    lines.append("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    lines.append("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for c in cfg["concurrency"]:
         base = summary.get(SINGLE, {}).get(str(c), {}).get("infer_per_s")
         for model in [SINGLE, *dynamic]:
@@ -671,7 +681,8 @@ def write_md(doc: dict[str, Any], path: Path) -> None:
                 f"{fmt(100 * rate / top if top else None, '.0f')}% | {fmt(cell['avg_batch'], '.2f')} | "
                 f"{fmt(cell['p50_ms'], '.2f')} | {fmt(cell['p90_ms'], '.2f')} | "
                 f"{fmt(cell['p99_ms'], '.2f')} | {fmt(cell['client_cpu'], '.2f')} | "
-                f"{fmt(cell['server_cpu'], '.2f')} | {cell['spread_pct']:.0f}% | {cell['errors']} |"
+                f"{fmt(cell['server_cpu'], '.2f')} | {fmt(cell.get('server_cpu_us_per_infer'), ',.0f')} | "
+                f"{cell['spread_pct']:.0f}% | {cell['errors']} |"
             )
     lines.append("")
 

@@ -1,0 +1,74 @@
+"""Stacking a batch and splitting its outputs back are inverses (hypothesis)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import hypothesis.extra.numpy as hnp
+import numpy as np
+import numpy.typing as npt
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from infermux.backends.base import ModelRequest
+from infermux.errors import InvalidArgumentError
+from infermux.scheduling.stacking import compatible, split, stack
+
+DTYPES = [np.bool_, np.int8, np.uint16, np.int32, np.int64, np.float16, np.float32, np.float64]
+
+
+@st.composite
+def batches(draw: st.DrawFn) -> list[dict[str, npt.NDArray[Any]]]:
+    sizes = draw(st.lists(st.integers(1, 4), min_size=1, max_size=6))
+    inner = tuple(draw(st.lists(st.integers(0, 3), max_size=2)))
+    dtype = draw(st.sampled_from(DTYPES))
+    use_bytes = draw(st.booleans())
+    out = []
+    for rows in sizes:
+        numbers = draw(hnp.arrays(dtype, (rows, *inner)))
+        tensors: dict[str, npt.NDArray[Any]] = {"num": numbers}
+        if use_bytes:
+            words = draw(st.lists(st.binary(max_size=5), min_size=rows * 2, max_size=rows * 2))
+            tensors["txt"] = np.array(words, dtype=np.object_).reshape(rows, 2)
+        out.append(tensors)
+    return out
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, database=None)
+@given(batches())
+def test_split_undoes_stack(inputs: list[dict[str, npt.NDArray[Any]]]) -> None:
+    requests = [ModelRequest(tensors, ()) for tensors in inputs]
+    stacked = stack(requests)
+    assert stacked["num"].shape[0] == sum(r.batch_size for r in requests)
+    parts = split(stacked, [r.batch_size for r in requests])
+    for part, original in zip(parts, inputs, strict=True):
+        assert part.keys() == original.keys()
+        for name, array in original.items():
+            assert part[name].dtype == array.dtype
+            assert part[name].shape == array.shape
+            assert part[name].tobytes() == array.tobytes() or array.dtype == np.object_
+            if array.dtype == np.object_:
+                assert part[name].tolist() == array.tolist()
+
+
+def test_incompatible_requests_are_refused() -> None:
+    a = ModelRequest({"x": np.zeros((1, 2), np.float32)}, ())
+    b = ModelRequest({"x": np.zeros((1, 3), np.float32)}, ())
+    c = ModelRequest({"x": np.zeros((2, 2), np.float64)}, ())
+    d = ModelRequest({"y": np.zeros((1, 2), np.float32)}, ())
+    assert compatible(a, ModelRequest({"x": np.zeros((5, 2), np.float32)}, ()))
+    assert not compatible(a, b)
+    assert not compatible(a, c)
+    assert not compatible(a, d)
+    with pytest.raises(InvalidArgumentError, match="cannot be stacked"):
+        stack([a, b])
+    with pytest.raises(ValueError, match="empty batch"):
+        stack([])
+
+
+def test_split_checks_row_counts() -> None:
+    with pytest.raises(InvalidArgumentError, match="output 'y' has 3 rows but the batch has 4"):
+        split({"y": np.zeros((3, 1))}, [2, 2])
+    with pytest.raises(InvalidArgumentError, match="has 0 rows"):
+        split({"y": np.array(1.0)}, [1])
