@@ -189,7 +189,7 @@ class DynamicBatcher:
         instance, thread = self._instances[index], self._threads[index]
         while True:
             batch = await self._next_batch()
-            if len(batch) > 1 or self._queue:
+            if self._queue:
                 self._wakeup.set()  # another idle worker may form the next batch meanwhile
             dequeued = time.perf_counter_ns()
             requests = [p.request for p in batch]
