@@ -23,6 +23,9 @@ ENTRY_POINT_GROUP = "infermux.backends"
 # metadata; an entry point with the same name (a third-party override) wins.
 _BUILTINS: dict[str, str] = {
     "python": "infermux.backends.python:PythonBackend",
+    "pytorch": "infermux.backends.pytorch:PyTorchBackend",
+    "onnxruntime": "infermux.backends.onnxruntime:OnnxRuntimeBackend",
+    "tensorrt": "infermux.backends.tensorrt:TensorRTBackend",
 }
 
 # Triton platform names -> the backend that serves them.

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from infermux.backends import stacking
 from infermux.backends.base import BackendInstance, ModelContext
 from infermux.backends.outputs import to_output_tensors
 from infermux.backends.registry import BackendRegistry
@@ -29,7 +30,7 @@ from infermux.errors import (
 from infermux.model_config import ModelConfig
 from infermux.repository.config_file import load_model_config
 from infermux.repository.layout import ModelSource, discover_models, fingerprint, list_versions
-from infermux.scheduling import DynamicBatcher, Scheduler, stacking
+from infermux.scheduling import DynamicBatcher, Scheduler
 from infermux.statistics import ModelStatistics
 from infermux.types import RepositoryIndexEntry
 

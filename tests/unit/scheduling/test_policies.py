@@ -11,10 +11,11 @@ from typing import Any
 import numpy as np
 import pytest
 
+from infermux.backends import stacking
 from infermux.backends.base import ExecuteResult, ModelRequest
 from infermux.errors import InfermuxError, InvalidArgumentError, UnavailableError
 from infermux.model_config import DynamicBatchingConfig, QueuePolicyConfig
-from infermux.scheduling import Completion, DynamicBatcher, stacking
+from infermux.scheduling import Completion, DynamicBatcher
 from infermux.types import Tensor
 
 

@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from infermux.backends.base import ModelRequest
+from infermux.backends.stacking import compatible, split, stack
 from infermux.errors import InvalidArgumentError
-from infermux.scheduling.stacking import compatible, split, stack
 
 DTYPES = [np.bool_, np.int8, np.uint16, np.int32, np.int64, np.float16, np.float32, np.float64]
 
