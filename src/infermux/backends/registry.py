@@ -36,8 +36,6 @@ _PLATFORMS: dict[str, str] = {
     "tensorrt_plan": "tensorrt",
 }
 
-# Backends infermux plans to ship, with the extra that provides them, for a helpful load error.
-_EXTRAS: dict[str, str] = {"pytorch": "torch", "onnxruntime": "onnx", "tensorrt": "tensorrt"}
 
 
 def backend_name(config: ModelConfig) -> str:
@@ -76,14 +74,9 @@ class BackendRegistry:
         if name not in self._backends:
             factory = self._factories.get(name)
             if factory is None:
-                hint = (
-                    f"; install it with: pip install 'infermux[{_EXTRAS[name]}]'"
-                    if name in _EXTRAS
-                    else ""
-                )
                 raise ModelLoadError(
                     f"model '{config.name}': no backend '{name}' is installed "
-                    f"(available: {', '.join(self.names)}){hint}"
+                    f"(available: {', '.join(self.names)})"
                 )
             self._backends[name] = factory()
         return self._backends[name]

@@ -2,10 +2,12 @@
 
 from infermux.repository.config_file import load_model_config, parse_config_text
 from infermux.repository.layout import ModelSource, discover_models, list_versions
-from infermux.repository.manager import ControlMode, LoadedModel, ModelRepository
+from infermux.repository.loader import LoadedModel
+from infermux.repository.manager import ControlMode, LoadObserver, ModelRepository
 
 __all__ = [
     "ControlMode",
+    "LoadObserver",
     "LoadedModel",
     "ModelRepository",
     "ModelSource",

@@ -10,15 +10,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
-import functools
 import logging
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
-from infermux.backends import stacking
-from infermux.backends.base import BackendInstance, ModelContext
-from infermux.backends.outputs import to_output_tensors
 from infermux.backends.registry import BackendRegistry
 from infermux.errors import (
     InfermuxError,
@@ -30,8 +28,7 @@ from infermux.errors import (
 from infermux.model_config import ModelConfig
 from infermux.repository.config_file import load_model_config
 from infermux.repository.layout import ModelSource, discover_models, fingerprint, list_versions
-from infermux.scheduling import DynamicBatcher, Scheduler
-from infermux.statistics import ModelStatistics
+from infermux.repository.loader import LoadedModel, build_version
 from infermux.types import RepositoryIndexEntry
 
 logger = logging.getLogger(__name__)
@@ -57,20 +54,6 @@ class State(str, enum.Enum):
 
 
 @dataclass(slots=True)
-class LoadedModel:
-    """One served model version."""
-
-    config: ModelConfig
-    version: int
-    scheduler: Scheduler
-    stats: ModelStatistics
-
-    @property
-    def name(self) -> str:
-        return self.config.name
-
-
-@dataclass(slots=True)
 class _Entry:
     """Everything known about one model name."""
 
@@ -81,6 +64,22 @@ class _Entry:
     requested: bool = False  # should be loaded; drives strict readiness
     fingerprint: tuple[tuple[str, int, int], ...] = ()
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+class LoadObserver(Protocol):
+    """Told when each model version starts and ends loading (for progress displays)."""
+
+    def started(self, name: str, version: int) -> None: ...
+
+    def finished(self, name: str, version: int, seconds: float, error: str | None) -> None: ...
+
+
+class _Quiet:
+    def started(self, name: str, version: int) -> None:
+        pass
+
+    def finished(self, name: str, version: int, seconds: float, error: str | None) -> None:
+        pass
 
 
 class ModelRepository:
@@ -94,7 +93,9 @@ class ModelRepository:
         control_mode: ControlMode = ControlMode.NONE,
         startup_models: Sequence[str] = (),
         poll_seconds: float = 15.0,
+        observer: LoadObserver | None = None,
     ) -> None:
+        self._observer: LoadObserver = observer or _Quiet()
         self._repositories = list(repositories)
         self._registry = registry
         self._mode = control_mode
@@ -301,7 +302,6 @@ class ModelRepository:
             if isinstance(result, LoadedModel):
                 fresh[version] = result
                 entry.states[version] = (State.READY, "")
-                logger.info("loaded model '%s' version %d", name, version)
             else:
                 errors.append(result)
                 logger.error("failed to load model '%s' version %d: %s", name, version, result)
@@ -323,27 +323,26 @@ class ModelRepository:
     async def _load_version(
         self, config: ModelConfig, path: Path, version: int
     ) -> LoadedModel | str:
+        started = time.monotonic()
+        self._observer.started(config.name, version)
+        result = await self._build_version(config, path, version)
+        seconds = time.monotonic() - started
+        error = result if isinstance(result, str) else None
+        self._observer.finished(config.name, version, seconds, error)
+        if error is None:
+            logger.info("loaded model '%s' version %d in %.2f s", config.name, version, seconds)
+        return result
+
+    async def _build_version(
+        self, config: ModelConfig, path: Path, version: int
+    ) -> LoadedModel | str:
         try:
-            backend = self._registry.get(config)
-            instances = await asyncio.to_thread(
-                _create_instances, backend.load, config, path, version
-            )
+            return await build_version(self._registry, config, path, version)
         except InfermuxError as exc:
             return str(exc)
         except Exception as exc:
             logger.exception("model '%s' version %d: unexpected load failure", config.name, version)
             return f"{type(exc).__name__}: {exc}"
-        stats = ModelStatistics(config.name, version)
-        scheduler = DynamicBatcher(
-            f"{config.name}_v{version}",
-            instances,
-            finish=functools.partial(to_output_tensors, config),
-            batching=config.dynamic_batching,
-            max_batch_size=config.max_batch_size,
-            compatible=stacking.compatible if backend.stacks_inputs else None,
-            stats=stats,
-        )
-        return LoadedModel(config, version, scheduler, stats)
 
     async def _unload(self, name: str) -> None:
         entry = self._entries.get(name)
@@ -363,33 +362,3 @@ class ModelRepository:
         await asyncio.gather(*(m.scheduler.close() for m in models))
         for model in models:
             logger.info("unloaded model '%s' version %d", model.name, model.version)
-
-
-def _create_instances(
-    load: Callable[[ModelContext], BackendInstance], config: ModelConfig, path: Path, version: int
-) -> list[BackendInstance]:
-    contexts = []
-    for group in config.instance_groups:  # never empty: the config fills in the default group
-        devices = [f"cuda:{g}" for g in group.gpus] if group.kind == "KIND_GPU" else ["cpu"]
-        if group.kind == "KIND_GPU" and not group.gpus:
-            devices = ["cuda:0"]
-        for device in devices:
-            for i in range(group.count):
-                contexts.append((device, f"{group.name}_{device.replace(':', '')}_{i}"))
-    instances: list[BackendInstance] = []
-    try:
-        for device, instance_name in contexts:
-            context = ModelContext(
-                config=config,
-                version=version,
-                model_path=path,
-                version_path=path / str(version),
-                instance_name=instance_name,
-                device=device,
-            )
-            instances.append(load(context))
-    except BaseException:
-        for instance in instances:
-            instance.close()
-        raise
-    return instances

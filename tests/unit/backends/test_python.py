@@ -86,8 +86,8 @@ def test_registry_resolves_and_explains(tmp_path: Path) -> None:
     assert registry.get(load_model_config(model_dir)).name == "python"
     torch_dir = tmp_path / "t"
     torch_dir.mkdir()
-    (torch_dir / "config.pbtxt").write_text('name: "t"\nplatform: "pytorch_libtorch"\n')
-    with pytest.raises(ModelLoadError, match=r"no backend 'pytorch'.*infermux\[torch\]"):
+    (torch_dir / "config.pbtxt").write_text('name: "t"\nplatform: "tensorflow_savedmodel"\n')
+    with pytest.raises(ModelLoadError, match=r"no backend 'tensorflow_savedmodel'.*python"):
         registry.get(load_model_config(torch_dir))
     (torch_dir / "config.pbtxt").write_text('name: "t"\n')
     with pytest.raises(ModelLoadError, match="neither 'backend' nor 'platform'"):

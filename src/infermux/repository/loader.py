@@ -1,0 +1,82 @@
+"""Builds one served model version: instances per instance group, warm-up, scheduler, statistics."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from infermux.backends import stacking
+from infermux.backends.base import BackendInstance, ModelContext
+from infermux.backends.outputs import to_output_tensors
+from infermux.backends.registry import BackendRegistry
+from infermux.model_config import ModelConfig
+from infermux.repository.warmup import warm_up
+from infermux.scheduling import DynamicBatcher, Scheduler
+from infermux.statistics import ModelStatistics
+
+
+@dataclass(slots=True)
+class LoadedModel:
+    """One served model version."""
+
+    config: ModelConfig
+    version: int
+    scheduler: Scheduler
+    stats: ModelStatistics
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+
+async def build_version(
+    registry: BackendRegistry, config: ModelConfig, path: Path, version: int
+) -> LoadedModel:
+    """Create, warm up and schedule every instance of ``version``; raises the load error."""
+    backend = registry.get(config)
+    instances = await asyncio.to_thread(_create_instances, backend.load, config, path, version)
+    stats = ModelStatistics(config.name, version)
+    scheduler = DynamicBatcher(
+        f"{config.name}_v{version}",
+        instances,
+        finish=functools.partial(to_output_tensors, config),
+        batching=config.dynamic_batching,
+        max_batch_size=config.max_batch_size,
+        compatible=stacking.compatible if backend.stacks_inputs else None,
+        stats=stats,
+    )
+    return LoadedModel(config, version, scheduler, stats)
+
+
+def _create_instances(
+    load: Callable[[ModelContext], BackendInstance], config: ModelConfig, path: Path, version: int
+) -> list[BackendInstance]:
+    contexts = []
+    for group in config.instance_groups:  # never empty: the config fills in the default group
+        devices = [f"cuda:{g}" for g in group.gpus] if group.kind == "KIND_GPU" else ["cpu"]
+        if group.kind == "KIND_GPU" and not group.gpus:
+            devices = ["cuda:0"]
+        for device in devices:
+            for i in range(group.count):
+                contexts.append((device, f"{group.name}_{device.replace(':', '')}_{i}"))
+    instances: list[BackendInstance] = []
+    try:
+        for device, instance_name in contexts:
+            context = ModelContext(
+                config=config,
+                version=version,
+                model_path=path,
+                version_path=path / str(version),
+                instance_name=instance_name,
+                device=device,
+            )
+            instances.append(load(context))
+            warm_up(config, path, instances[-1])  # READY only after every instance warmed up
+    except BaseException:
+        for instance in instances:
+            instance.close()
+        raise
+    return instances
