@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
+from infermux.settings import builtin_repository
 from infermux.types import DATATYPES
 
 IDENTITY_MODEL = """
@@ -146,10 +147,17 @@ class ServerProcess:
             self.process.stderr.close()
 
 
-def start_server(*args: str, timeout: float = 60) -> ServerProcess:
-    """Start ``infermux serve`` on free ports and wait until it reports ready."""
+def start_server(*args: str, timeout: float = 120, no_arg_default: bool = False) -> ServerProcess:
+    """Start ``infermux serve`` on free ports and wait until it reports ready.
+
+    Without ``--model-repository`` it serves the small built-in examples; ``no_arg_default`` serves
+    what a bare ``infermux serve`` serves (which adds the slower-loading embeddings example when
+    its extra is installed).
+    """
     command = [sys.executable, "-m", "infermux", "serve", "--http-port", "0"]
     command += ["--grpc-port", "0", "--metrics-port", "0", *args]
+    if not no_arg_default and "--model-repository" not in args:
+        command += ["--model-repository", str(builtin_repository())]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     process = subprocess.Popen(
         command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env

@@ -17,6 +17,7 @@ from infermux.settings import (
     DEFAULT_MAX_INPUT_SIZE,
     DISABLED_PORT,
     ServerSettings,
+    builtin_repositories,
     builtin_repository,
 )
 
@@ -207,7 +208,7 @@ def parse_settings(argv: Sequence[str]) -> ServerSettings:
             serve_parser.error(f"--{front}-port -1 needs --{front}-uds (nothing to listen on)")
     if args.http_uds is not None and args.http_uds == args.grpc_uds:
         serve_parser.error("--http-uds and --grpc-uds must differ")
-    repositories = tuple(args.model_repository or (builtin_repository(),))
+    repositories = tuple(args.model_repository or builtin_repositories())
     for repo in repositories:
         if not repo.is_dir():
             serve_parser.error(f"--model-repository {repo}: not a directory")

@@ -22,6 +22,7 @@ from infermux.dataplane.shared_memory import SharedMemoryRegistry
 from infermux.frontends import unix_socket
 from infermux.frontends.grpc import GrpcBindError, GrpcServer
 from infermux.frontends.http import HttpApp, HttpServer
+from infermux.progress import LoadProgress
 from infermux.repository import ControlMode, ModelRepository
 from infermux.settings import DISABLED_PORT, ServerSettings
 
@@ -47,12 +48,14 @@ class InfermuxServer:
 
     def __init__(self, settings: ServerSettings) -> None:
         self.settings = settings
+        self._progress = LoadProgress() if LoadProgress.wanted() else None
         self.repository = ModelRepository(
             settings.model_repositories,
             BackendRegistry(),
             control_mode=ControlMode(settings.model_control_mode),
             startup_models=settings.load_models,
             poll_seconds=settings.repository_poll_secs,
+            observer=self._progress,
         )
         extensions = EXTENSIONS + ((SHM_EXTENSION,) if settings.allow_client_shm else ())
         self.dataplane = DataPlane(
@@ -79,7 +82,8 @@ class InfermuxServer:
         http_sockets = self._http_sockets() if s.allow_http else []
         grpc = self._grpc_server() if s.allow_grpc else None
         try:
-            await self.repository.start()
+            with self._progress or contextlib.nullcontext():
+                await self.repository.start()
             if grpc is not None:
                 await grpc.start()
         except BaseException as exc:

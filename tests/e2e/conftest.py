@@ -18,7 +18,7 @@ from tests.support import (
 @pytest.fixture(scope="session")
 def examples_server() -> Iterator[ServerProcess]:
     """``infermux serve`` with no repository: the built-in examples."""
-    with start_server() as server:
+    with start_server(no_arg_default=True) as server:
         yield server
         assert server.stop() == 0
 

@@ -6,12 +6,13 @@ import pytest
 
 from infermux import __version__
 from infermux.cli import main, parse_settings
-from infermux.settings import builtin_repository
+from infermux.settings import builtin_repositories, builtin_repository
 
 
 def test_defaults_serve_the_builtin_examples() -> None:
     settings = parse_settings([])
-    assert settings.model_repositories == (builtin_repository(),)
+    assert settings.model_repositories == builtin_repositories()
+    assert settings.model_repositories[0] == builtin_repository()
     assert (builtin_repository() / "simple" / "config.pbtxt").is_file()
     assert settings.host == "127.0.0.1"
     assert (settings.http_port, settings.grpc_port, settings.metrics_port) == (8000, 8001, 8002)
