@@ -37,7 +37,6 @@ _PLATFORMS: dict[str, str] = {
 }
 
 
-
 def backend_name(config: ModelConfig) -> str:
     """The backend a config asks for: ``backend`` if set, else the one mapped from ``platform``."""
     if config.backend:
