@@ -1,0 +1,341 @@
+"""The PyTorch backend: TorchScript (``platform: "pytorch_libtorch"``, ``model.pt``) and
+``torch.export`` programs (``platform: "torch_export"``, ``model.pt2``; also any
+``default_model_filename`` ending in ``.pt2``).
+
+Tensors meet the model's arguments as in Triton's libtorch backend: inputs named
+``<name>__<index>`` go to that positional argument, other inputs go positionally in config order,
+or as keyword arguments by name when the config sets ``INPUT_BY_NAME``. Outputs named
+``<name>__<index>`` pick that element of a returned tuple or list, others are taken in config
+order; a single returned tensor is the single output, and a returned dict maps by name.
+
+Config ``parameters`` (``key: "..." value { string_value: "..." }``):
+
+- ``INPUT_BY_NAME: "true"``: pass inputs as keyword arguments named as in the config.
+- ``TORCH_COMPILE: "true"``: run through ``torch.compile``. Compilation happens on the first batch
+  (seconds to minutes, on the instance's thread); if it fails the instance warns and runs eagerly.
+- ``INTRA_OP_THREAD_COUNT: "N"``: ``torch.set_num_threads(N)``. PyTorch's intra-op pool is
+  process-wide, so this applies to every PyTorch model in the server, and the last model loaded
+  with the parameter wins.
+
+torch is imported when a model is loaded, never at import time, so infermux runs without it.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import ml_dtypes
+import numpy as np
+import numpy.typing as npt
+
+from infermux.backends.base import ModelContext
+from infermux.backends.tensor import StackedInstance, model_file, require_no_bytes
+from infermux.errors import InfermuxError, InternalError, InvalidArgumentError, ModelLoadError
+from infermux.model_config import ModelConfig, TensorConfig
+from infermux.types import numpy_dtype
+
+if TYPE_CHECKING:
+    import torch
+
+logger = logging.getLogger(__name__)
+
+INSTALL_HINT = "pip install 'infermux[torch]'"
+
+_INDEXED = re.compile(r"^.+__(\d+)$")  # Triton's <name>__<index> naming convention
+
+
+class PyTorchBackend:
+    """Loads TorchScript and ``torch.export`` models; one instance per configured device."""
+
+    name = "pytorch"
+    stacks_inputs = True
+
+    def load(self, context: ModelContext) -> PyTorchInstance:
+        config = context.config
+        try:
+            import torch
+        except ImportError as exc:
+            raise ModelLoadError(
+                f"model '{config.name}': the PyTorch backend needs torch, which cannot be "
+                f"imported ({exc}); install it with: {INSTALL_HINT}"
+            ) from exc
+        require_no_bytes(config, "PyTorch")
+        for tensor in (*config.inputs, *config.outputs):
+            # torch names its dtypes as numpy (and ml_dtypes, for bfloat16) do; an older torch
+            # may lack some (uint16/32/64 arrived in 2.3), which is refused here, not per request.
+            dtype = getattr(torch, numpy_dtype(tensor.datatype).name, None)
+            if not isinstance(dtype, torch.dtype):
+                raise ModelLoadError(
+                    f"model '{config.name}': '{tensor.name}' is {tensor.datatype}, which torch "
+                    f"{torch.__version__} has no dtype for"
+                )
+        signature = _Signature.of(config)
+        device = _device(context)
+        threads = _thread_count(config)
+        if threads:
+            torch.set_num_threads(threads)
+        exported = config.platform == "torch_export" or config.default_model_filename.endswith(
+            ".pt2"
+        )
+        path = model_file(context, "model.pt2" if exported else "model.pt")
+        try:
+            model = _load_exported(path, device) if exported else _load_torchscript(path, device)
+        except Exception as exc:
+            raise ModelLoadError(
+                f"model '{config.name}' version {context.version}: cannot load {path}: "
+                f"{_reason(exc)}"
+            ) from exc
+        return PyTorchInstance(context, model, device, signature, _flag(config, "TORCH_COMPILE"))
+
+
+@dataclass(frozen=True)
+class _Signature:
+    """How config tensors map to the model's arguments and results."""
+
+    by_name: bool
+    input_order: tuple[str, ...]
+    output_index: Mapping[str, int]
+
+    @classmethod
+    def of(cls, config: ModelConfig) -> _Signature:
+        inputs = _indices(config, config.inputs, "input")
+        if inputs is not None and sorted(inputs.values()) != list(range(len(inputs))):
+            raise ModelLoadError(
+                f"model '{config.name}': inputs named <name>__<index> must number 0.."
+                f"{len(inputs) - 1} without gaps, got {sorted(inputs.values())}"
+            )
+        order = (
+            sorted(inputs, key=inputs.__getitem__) if inputs else [t.name for t in config.inputs]
+        )
+        # Output indices may skip elements: a config can serve a subset of what forward returns.
+        outputs = _indices(config, config.outputs, "output")
+        if outputs is None:
+            outputs = {t.name: i for i, t in enumerate(config.outputs)}
+        return cls(_flag(config, "INPUT_BY_NAME"), tuple(order), outputs)
+
+
+class PyTorchInstance(StackedInstance):
+    """One loaded model on one device. ``run`` is called from the instance's own thread."""
+
+    def __init__(
+        self,
+        context: ModelContext,
+        model: Callable[..., Any],
+        device: torch.device,
+        signature: _Signature,
+        compile_model: bool,
+    ) -> None:
+        super().__init__(context)
+        self._model: Callable[..., Any] | None = model
+        self._device = device
+        self._signature = signature
+        self._compile_pending = compile_model
+        self._compiled: Callable[..., Any] | None = None
+
+    def run(self, inputs: Mapping[str, npt.NDArray[np.generic]]) -> Mapping[str, npt.ArrayLike]:
+        import torch
+
+        name = self.config.name
+        if self._model is None:
+            raise InternalError(f"model '{name}' instance {self.context.instance_name} is closed")
+        # inference_mode is thread-local, so it is entered per batch on the instance's thread.
+        with torch.inference_mode():
+            try:
+                tensors = {key: _to_torch(array, self._device) for key, array in inputs.items()}
+                if self._signature.by_name:
+                    result = self._forward(self._model, (), tensors)
+                else:
+                    result = self._forward(self._model, self._positional(tensors), {})
+                return {key: _to_numpy(value) for key, value in self._outputs(result).items()}
+            except InfermuxError:
+                raise
+            except Exception as exc:
+                logger.debug("model '%s' failed", name, exc_info=True)
+                raise InternalError(f"model '{name}' failed: {_reason(exc)}") from exc
+
+    def close(self) -> None:
+        import torch
+
+        self._model = self._compiled = None
+        if self._device.type == "cuda":
+            torch.cuda.empty_cache()  # hand the freed weights back to other processes too
+
+    def _forward(
+        self, model: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]
+    ) -> Any:
+        import torch
+
+        if self._compile_pending:
+            self._compile_pending = False
+            try:
+                self._compiled = torch.compile(model)
+            except Exception as exc:  # e.g. TorchScript modules, which dynamo refuses
+                logger.warning(
+                    "model '%s': torch.compile is unavailable, running eagerly: %s",
+                    self.config.name,
+                    _reason(exc),
+                )
+        if self._compiled is not None:
+            try:
+                return self._compiled(*args, **kwargs)
+            except Exception as exc:
+                # Eager decides whose fault it was: if it fails too, the error is the model's
+                # (raised from here) and compilation stays on; if it works, compiling is dropped.
+                result = model(*args, **kwargs)
+                logger.warning(
+                    "model '%s': the compiled model failed, running eagerly from now on: %s",
+                    self.config.name,
+                    _reason(exc),
+                )
+                self._compiled = None
+                return result
+        return model(*args, **kwargs)
+
+    def _positional(self, tensors: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
+        args = []
+        for key in self._signature.input_order:
+            if key not in tensors:
+                break
+            args.append(tensors[key])
+        if len(args) < len(tensors):
+            missing = self._signature.input_order[len(args)]
+            raise InvalidArgumentError(
+                f"model '{self.config.name}': optional input '{missing}' can only be left out "
+                "when no input after it (by position) is sent"
+            )
+        return args
+
+    def _outputs(self, result: object) -> dict[str, Any]:
+        name = self.config.name
+        if isinstance(result, Mapping):
+            return {key: result[key] for key in self._signature.output_index if key in result}
+        if isinstance(result, (tuple, list)):
+            outputs = {}
+            for key, index in self._signature.output_index.items():
+                if index >= len(result):
+                    raise InternalError(
+                        f"model '{name}' returned {len(result)} values, but output '{key}' is "
+                        f"element {index}"
+                    )
+                outputs[key] = result[index]
+            return outputs
+        if len(self.config.outputs) == 1:
+            return {self.config.outputs[0].name: result}
+        raise InternalError(
+            f"model '{name}' returned one {type(result).__name__}, but the config declares "
+            f"{len(self.config.outputs)} outputs; return a tuple, list or dict"
+        )
+
+
+def _load_torchscript(path: str, device: torch.device) -> Callable[..., Any]:
+    import torch
+
+    # TorchScript is what Triton's pytorch_libtorch platform means, so PyTorch's deprecation
+    # warning (2.10+) is addressed to us, not to whoever serves the model. A targeted, permanent
+    # filter rather than catch_warnings(), which is not thread-safe (instances load on threads).
+    warnings.filterwarnings("ignore", message=r"`torch\.jit\.load` is", category=DeprecationWarning)
+    jit_load: Callable[..., torch.jit.ScriptModule] = torch.jit.load  # has no annotations
+    model = jit_load(path, map_location=device)
+    model.eval()
+    return model
+
+
+def _load_exported(path: str, device: torch.device) -> Callable[..., Any]:
+    import torch
+
+    # torch 2.11's .pt2 reader warns that its own buffers are read-only; nothing for an operator.
+    warnings.filterwarnings(
+        "ignore", message="The given buffer is not writable", module=r"torch\.export\."
+    )
+    # No eval(): exported graphs are fixed at export time and refuse train()/eval().
+    module: torch.nn.Module = torch.export.load(path).module()
+    return module.to(device)
+
+
+def _device(context: ModelContext) -> torch.device:
+    import torch
+
+    device = torch.device(context.device)
+    if device.type == "cuda":
+        name = context.config.name
+        if not torch.cuda.is_available():
+            raise ModelLoadError(
+                f"model '{name}': instance {context.instance_name} needs {context.device}, but "
+                f"CUDA is not available to torch {torch.__version__}; use KIND_CPU or a CUDA build"
+            )
+        if (device.index or 0) >= torch.cuda.device_count():
+            raise ModelLoadError(
+                f"model '{name}': instance {context.instance_name} needs {context.device}, but "
+                f"torch sees {torch.cuda.device_count()} CUDA device(s)"
+            )
+    return device
+
+
+def _to_torch(array: npt.NDArray[np.generic], device: torch.device) -> torch.Tensor:
+    import torch
+
+    if array.dtype == ml_dtypes.bfloat16:
+        # torch cannot read ml_dtypes' bfloat16: move the bits as int16 and reinterpret them.
+        return _to_torch(array.view(np.int16), device).view(torch.bfloat16)
+    # from_numpy shares memory; inputs decoded from a request body are read-only views of it, which
+    # torch warns about and a model could write through, so those (only) are copied first.
+    return torch.from_numpy(np.require(array, requirements=("C", "W"))).to(device)
+
+
+def _to_numpy(value: object) -> npt.NDArray[Any]:
+    import torch
+
+    if not isinstance(value, torch.Tensor):
+        return np.asarray(value)
+    tensor = value.detach().cpu()
+    if tensor.dtype == torch.bfloat16:
+        return tensor.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return tensor.numpy()
+
+
+def _indices(
+    config: ModelConfig, tensors: Sequence[TensorConfig], kind: str
+) -> dict[str, int] | None:
+    """``name -> index`` when every tensor follows ``<name>__<index>``, else None."""
+    matches = [_INDEXED.match(t.name) for t in tensors]
+    if not matches or not all(matches):
+        return None
+    indices = {t.name: int(m.group(1)) for t, m in zip(tensors, matches, strict=True) if m}
+    if len(set(indices.values())) != len(indices):
+        raise ModelLoadError(f"model '{config.name}': two {kind}s share one __<index>")
+    return indices
+
+
+def _flag(config: ModelConfig, key: str) -> bool:
+    value = config.parameters.get(key, "").strip().lower()
+    if value in ("true", "1", "yes", "on"):
+        return True
+    if value in ("", "false", "0", "no", "off"):
+        return False
+    raise ModelLoadError(
+        f'model \'{config.name}\': parameter {key} must be "true" or "false", got {value!r}'
+    )
+
+
+def _thread_count(config: ModelConfig) -> int:
+    value = config.parameters.get("INTRA_OP_THREAD_COUNT", "0").strip() or "0"
+    if not value.isdigit():
+        raise ModelLoadError(
+            f"model '{config.name}': parameter INTRA_OP_THREAD_COUNT must be a whole number "
+            f"(0 = PyTorch's default), got {value!r}"
+        )
+    return int(value)
+
+
+def _reason(exc: BaseException) -> str:
+    """An exception's message without the TorchScript or C++ traces that torch appends."""
+    text = str(exc).strip()
+    if text.startswith("The following operation failed in the TorchScript interpreter"):
+        text = text.splitlines()[-1]  # the model's own error comes last, after its traceback
+    text = text.split("\nException raised from", 1)[0]  # TORCH_SHOW_CPP_STACKTRACES=1
+    return text or type(exc).__name__
