@@ -595,6 +595,7 @@ def test_when_eager_fails_too_the_error_is_the_models(
     assert instance._compiled is broken  # the model's own error does not turn compilation off
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(
     os.environ.get("INFERMUX_SLOW_TESTS") != "1",
     reason="inductor compiles C++ (10-30 s); set INFERMUX_SLOW_TESTS=1 to run",
