@@ -110,7 +110,12 @@ def write(out: Path, spec: Spec, formats: list[str], device: str, tiny: bool) ->
         if "torchscript" in formats:
             target = out / f"{spec.name}_torchscript"
             (target / "1").mkdir(parents=True, exist_ok=True)
-            traced = torch.jit.trace(module, example)
+            # Trace on the device the model will serve on: tracing bakes tensors created inside
+            # forward (e.g. BERT's attention bias) with the tracing device, which map_location
+            # does not move.
+            where = "cuda" if device == "gpu" and torch.cuda.is_available() else "cpu"
+            traced = torch.jit.trace(module.to(where), tuple(t.to(where) for t in example))
+            module = module.cpu()
             traced.save(str(target / "1" / "model.pt"))
             (target / "config.pbtxt").write_text(
                 _config(target.name, "pytorch_libtorch", spec, device)
