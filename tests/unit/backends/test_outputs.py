@@ -8,31 +8,19 @@ from infermux.backends import ModelRequest
 from infermux.backends.outputs import to_output_tensors
 from infermux.errors import InternalError, InvalidArgumentError
 from infermux.model_config import ModelConfig, pb
-from infermux.types import InferRequest, RequestedOutput, Tensor
 
+# Outputs only: Y (INT32 [2]) and S (BYTES [1]) of a batching model.
 CONFIG = ModelConfig.from_proto(
     text_format.Parse(
         """
         name: "m" max_batch_size: 4
-        input [ { name: "A" data_type: TYPE_INT32 dims: [ 2 ] },
-                { name: "B" data_type: TYPE_FP32 dims: [ -1 ] optional: true },
-                { name: "R" data_type: TYPE_FP32 dims: [ 4 ] reshape: { shape: [ 2, 2 ] }
-                  optional: true } ]
+        input [ { name: "A" data_type: TYPE_INT32 dims: [ 2 ] } ]
         output [ { name: "Y" data_type: TYPE_INT32 dims: [ 2 ] },
                  { name: "S" data_type: TYPE_STRING dims: [ 1 ] } ]
         """,
         pb.ModelConfig(),
     )
 )
-
-
-def tensor(name: str, datatype: str, data: np.typing.ArrayLike) -> Tensor:
-    array = np.asarray(data)
-    return Tensor(name, datatype, tuple(array.shape), array)
-
-
-def request(*inputs: Tensor, outputs: tuple[str, ...] = ()) -> InferRequest:
-    return InferRequest("m", "", list(inputs), [RequestedOutput(o) for o in outputs])
 
 
 def model_request(rows: int = 1, outputs: tuple[str, ...] = ("Y", "S")) -> ModelRequest:
