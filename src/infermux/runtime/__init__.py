@@ -1,0 +1,27 @@
+"""What model instances run on: weights shared per device, CUDA streams, pinned staging buffers.
+
+Backend-neutral building blocks below ``infermux.backends``: a backend decides *what* to run, the
+runtime decides *where* and *how* its tensors move. torch is imported lazily by each function
+that needs it, so importing this package never requires torch.
+"""
+
+from infermux.runtime.shared_weights import WEIGHTS, Lease, SharedWeights, release_device_memory
+from infermux.runtime.staging import StagingBuffers
+from infermux.runtime.streams import (
+    PRIORITY_PARAMETER,
+    InstanceStream,
+    parse_priority,
+    priority_for,
+)
+
+__all__ = [
+    "PRIORITY_PARAMETER",
+    "WEIGHTS",
+    "InstanceStream",
+    "Lease",
+    "SharedWeights",
+    "StagingBuffers",
+    "parse_priority",
+    "priority_for",
+    "release_device_memory",
+]

@@ -1,0 +1,95 @@
+"""One CUDA stream per model instance, with a priority from the model's config.
+
+Each instance enqueues its batch (copies in, forward, copies out) on its own stream, so instances
+of one model on one GPU overlap instead of serialising on the default stream; the instance's
+thread then waits on an event, which releases the GIL while the GPU works.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, Literal
+
+from infermux.errors import ModelLoadError
+
+if TYPE_CHECKING:
+    import torch
+
+Priority = Literal["high", "normal", "low"]
+
+PRIORITY_PARAMETER = "STREAM_PRIORITY"
+"""Config parameter: ``high``, ``normal`` (default) or ``low``."""
+
+_PRIORITIES: tuple[Priority, ...] = ("high", "normal", "low")
+
+
+def parse_priority(model: str, value: str) -> Priority:
+    """The config's ``STREAM_PRIORITY`` (empty means normal); a load error for anything else."""
+    text = value.strip().lower() or "normal"
+    for priority in _PRIORITIES:
+        if text == priority:
+            return priority
+    raise ModelLoadError(
+        f"model '{model}': parameter {PRIORITY_PARAMETER} must be high, normal or low, "
+        f"got {value!r}"
+    )
+
+
+def priority_for(priority: Priority, priority_range: tuple[int, int]) -> int:
+    """The CUDA stream priority for ``priority`` within the device's ``(least, greatest)`` range.
+
+    CUDA numbers priorities backwards (lower = more urgent; e.g. ``(0, -5)``). The default, 0, is
+    normal; on today's GPUs it is also the least urgent, so ``low`` and ``normal`` coincide there.
+    """
+    least, greatest = priority_range
+    if priority == "high":
+        return greatest
+    if priority == "low":
+        return least
+    return 0 if min(least, greatest) <= 0 <= max(least, greatest) else least
+
+
+class InstanceStream:
+    """A model instance's CUDA stream on its device, and the event its thread waits on.
+
+    Use :meth:`batch` around everything one batch enqueues; leaving it waits for the GPU.
+    """
+
+    def __init__(self, device: torch.device, priority: Priority = "normal") -> None:
+        import torch
+
+        # torch's stubs leave Stream and Event unannotated and make the static priority_range
+        # an instance method, so they are reached through an untyped name.
+        cuda: Any = torch.cuda
+        self.device = device
+        value = priority_for(priority, cuda.Stream.priority_range())
+        with torch.cuda.device(device):
+            self.stream: torch.cuda.Stream = cuda.Stream(device=device, priority=value)
+            # The weights were copied on the default stream when they were loaded; torch's streams
+            # do not synchronise with it, so this stream starts after those copies.
+            self.stream.wait_stream(torch.cuda.default_stream(device))
+            # A spinning (not blocking-sync) event: the lowest latency, and the spin happens with
+            # the GIL released, on the instance's own thread.
+            self._done: torch.cuda.Event = cuda.Event()
+        self.priority = value
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[torch.cuda.Stream]:
+        """Make this device and stream current; on exit, wait until the GPU finished the batch.
+
+        The wait also runs when the body raises: staging buffers are reused by the next batch, so
+        nothing may still be copying from them when this returns.
+        """
+        import torch
+
+        with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
+            try:
+                yield self.stream
+            finally:
+                self._done.record(self.stream)
+                self._done.synchronize()
+
+    def close(self) -> None:
+        """Wait for anything still enqueued (nothing is, after :meth:`batch` returned)."""
+        self.stream.synchronize()
