@@ -36,12 +36,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import ml_dtypes
 import numpy as np
 import numpy.typing as npt
 
 from infermux.backends.base import ModelContext
 from infermux.backends.tensor import StackedInstance, model_file, require_no_bytes
+from infermux.backends.torch_tensors import device_of, download, to_numpy, to_torch, torch_dtype
 from infermux.errors import InfermuxError, InternalError, InvalidArgumentError, ModelLoadError
 from infermux.model_config import ModelConfig, TensorConfig
 from infermux.runtime import (
@@ -91,7 +91,7 @@ class PyTorchBackend:
                 )
         signature = _Signature.of(config)
         priority = parse_priority(config.name, config.parameters.get(PRIORITY_PARAMETER, ""))
-        device = _device(context)
+        device = device_of(context)
         threads = _thread_count(config)
         if threads:
             torch.set_num_threads(threads)
@@ -196,9 +196,9 @@ class PyTorchInstance(StackedInstance):
             try:
                 if self._gpu is not None:
                     return self._run_on_stream(self._model, self._gpu, inputs)
-                tensors = {key: _to_torch(array, self._device) for key, array in inputs.items()}
+                tensors = {key: to_torch(array, self._device) for key, array in inputs.items()}
                 return {
-                    key: _to_numpy(value)
+                    key: to_numpy(value)
                     for key, value in self._outputs(self._call(self._model, tensors)).items()
                 }
             except InfermuxError:
@@ -231,13 +231,13 @@ class PyTorchInstance(StackedInstance):
         the thread waits once, at the end, with the GIL released."""
         with gpu.stream.batch():
             tensors = {
-                key: gpu.staging.upload(key, array, _torch_dtype(array.dtype))
+                key: gpu.staging.upload(key, array, torch_dtype(array.dtype))
                 for key, array in inputs.items()
             }
             outputs = self._outputs(self._call(model, tensors))
-            staged = {key: _download(gpu.staging, key, value) for key, value in outputs.items()}
+            staged = {key: download(gpu.staging, key, value) for key, value in outputs.items()}
         # Copied out of the pinned buffers, which the next batch reuses.
-        return {key: np.array(_to_numpy(value)) for key, value in staged.items()}
+        return {key: np.array(to_numpy(value)) for key, value in staged.items()}
 
     def _forward(
         self, model: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]
@@ -329,69 +329,6 @@ def _load_exported(path: str, device: torch.device) -> Callable[..., Any]:
     # No eval(): exported graphs are fixed at export time and refuse train()/eval().
     module: torch.nn.Module = torch.export.load(path).module()
     return module.to(device)
-
-
-def _device(context: ModelContext) -> torch.device:
-    import torch
-
-    device = torch.device(context.device)
-    if device.type == "cuda":
-        name = context.config.name
-        if not torch.cuda.is_available():
-            raise ModelLoadError(
-                f"model '{name}': instance {context.instance_name} needs {context.device}, but "
-                f"CUDA is not available to torch {torch.__version__}; use KIND_CPU or a CUDA build"
-            )
-        if (device.index or 0) >= torch.cuda.device_count():
-            raise ModelLoadError(
-                f"model '{name}': instance {context.instance_name} needs {context.device}, but "
-                f"torch sees {torch.cuda.device_count()} CUDA device(s)"
-            )
-        index: int | None = device.index  # None for "cuda", whatever torch's stubs say
-        if index is None:  # "cuda" and "cuda:0" must share weights, not load twice
-            device = torch.device("cuda", torch.cuda.current_device())
-    return device
-
-
-def _to_torch(array: npt.NDArray[np.generic], device: torch.device) -> torch.Tensor:
-    import torch
-
-    if array.dtype == ml_dtypes.bfloat16:
-        # torch cannot read ml_dtypes' bfloat16: move the bits as int16 and reinterpret them.
-        return _to_torch(array.view(np.int16), device).view(torch.bfloat16)
-    # from_numpy shares memory; inputs decoded from a request body are read-only views of it, which
-    # torch warns about and a model could write through, so those (only) are copied first.
-    return torch.from_numpy(np.require(array, requirements=("C", "W"))).to(device)
-
-
-def _torch_dtype(dtype: np.dtype[Any]) -> torch.dtype:
-    import torch
-
-    if dtype == ml_dtypes.bfloat16:
-        return torch.bfloat16
-    torch_dtype = getattr(torch, dtype.name, None)
-    if not isinstance(torch_dtype, torch.dtype):  # load() checked the config's dtypes already
-        raise InternalError(f"torch has no dtype for {dtype}")
-    return torch_dtype
-
-
-def _download(staging: StagingBuffers, name: str, value: object) -> object:
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return staging.download(name, value.detach())
-    return value
-
-
-def _to_numpy(value: object) -> npt.NDArray[Any]:
-    import torch
-
-    if not isinstance(value, torch.Tensor):
-        return np.asarray(value)
-    tensor = value.detach().cpu()
-    if tensor.dtype == torch.bfloat16:
-        return tensor.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-    return tensor.numpy()
 
 
 def _indices(
