@@ -163,3 +163,39 @@ def test_no_device_allocations_after_warm_up(tmp_path: Path) -> None:
         assert {key: stats[key] for key in keys} == warm
     finally:
         instance.close()
+
+
+def test_instance_streams_run_batches_concurrently() -> None:
+    """Two instance streams driven from two threads overlap on the GPU.
+
+    Each "batch" is one ``torch.cuda._sleep`` kernel (a single thread spinning for a fixed number of
+    cycles), so the GPU has room for both and only the streams can serialise them.
+    """
+    import threading
+    import time
+
+    from infermux.runtime import InstanceStream
+
+    device = torch.device("cuda", 0)
+    streams = [InstanceStream(device), InstanceStream(device)]
+    cycles = 200_000_000  # ~0.1 s on an H200
+
+    def batch(stream: InstanceStream) -> None:
+        with stream.batch():
+            torch.cuda._sleep(cycles)  # type: ignore[no-untyped-call]  # private, untyped
+
+    batch(streams[0])  # warm-up: the kernel and both streams exist before timing
+    batch(streams[1])
+    started = time.perf_counter()
+    batch(streams[0])
+    alone = time.perf_counter() - started
+    threads = [threading.Thread(target=batch, args=(s,)) for s in streams]
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    together = time.perf_counter() - started
+    for stream in streams:
+        stream.close()
+    assert together < 1.4 * alone, (together, alone)
