@@ -14,8 +14,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from tests.support import ServerProcess, start_server
-from tests.unit.backends.test_onnxruntime import (
+from tests.onnx_models import (
     ADD_SUB_CONFIG,
     MLP_CONFIG,
     add_sub_model,
@@ -25,6 +24,7 @@ from tests.unit.backends.test_onnxruntime import (
     mlp_model,
     write_onnx_model,
 )
+from tests.support import ServerProcess, start_server
 
 onnx = pytest.importorskip("onnx")
 
