@@ -63,6 +63,13 @@ def datatype_of(dtype: np.dtype[np.generic]) -> str:
         raise InvalidArgumentError(f"numpy dtype {dtype} has no V2 datatype") from None
 
 
+def non_negative_int(value: object, what: str) -> int:
+    """``value`` as an int >= 0 (bools refused), or an INVALID_ARG error naming ``what``."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise InvalidArgumentError(f"{what} must be an integer >= 0, got {value!r}")
+    return value
+
+
 def element_size(datatype: str) -> int:
     """Bytes per element of a fixed-size datatype; 0 for BYTES (variable length)."""
     if datatype == "BYTES":

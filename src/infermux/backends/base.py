@@ -15,6 +15,7 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
+from infermux.errors import ModelLoadError
 from infermux.model_config import ModelConfig
 from infermux.types import Parameters
 
@@ -82,3 +83,18 @@ class Backend(Protocol):
     def load(self, context: ModelContext) -> BackendInstance:
         """Create one instance; raise :class:`~infermux.errors.ModelLoadError` saying why not."""
         ...
+
+
+def model_file(context: ModelContext, default: str) -> str:
+    """The model file of this version (``default_model_filename`` overrides ``default``).
+
+    Raises :class:`~infermux.errors.ModelLoadError` naming the path when it is missing, the same
+    message for every backend.
+    """
+    name = context.config.default_model_filename or default
+    path = context.version_path / name
+    if not path.is_file():
+        raise ModelLoadError(
+            f"model '{context.config.name}' version {context.version}: {path} not found"
+        )
+    return str(path)

@@ -18,8 +18,8 @@ import ml_dtypes
 import numpy as np
 import numpy.typing as npt
 
-from infermux.backends.base import ExecuteResult, ModelContext, ModelRequest
-from infermux.backends.tensor import Arrays, StackedInstance, model_file
+from infermux.backends.base import ExecuteResult, ModelContext, ModelRequest, model_file
+from infermux.backends.tensor import Arrays, StackedInstance
 from infermux.errors import InternalError, InvalidArgumentError, ModelLoadError
 from infermux.model_config import ModelConfig, TensorConfig
 

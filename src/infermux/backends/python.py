@@ -23,7 +23,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from infermux.backends.base import ExecuteResult, ModelContext, ModelRequest
+from infermux.backends.base import ExecuteResult, ModelContext, ModelRequest, model_file
 from infermux.errors import InternalError, ModelLoadError
 
 MODEL_CLASS = "Model"
@@ -39,12 +39,7 @@ class PythonBackend:
     stacks_inputs = False  # execute() receives the list of requests; the model may stack them
 
     def load(self, context: ModelContext) -> PythonInstance:
-        filename = context.config.default_model_filename or DEFAULT_FILENAME
-        path = context.version_path / filename
-        if not path.is_file():
-            raise ModelLoadError(
-                f"model '{context.config.name}' version {context.version}: {path} not found"
-            )
+        path = Path(model_file(context, DEFAULT_FILENAME))
         module = _import_file(path, context)
         cls = getattr(module, MODEL_CLASS, None)
         if not inspect.isclass(cls):

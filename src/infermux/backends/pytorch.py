@@ -39,8 +39,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from infermux.backends.base import ModelContext
-from infermux.backends.tensor import StackedInstance, model_file, require_no_bytes
+from infermux.backends.base import ModelContext, model_file
+from infermux.backends.tensor import StackedInstance, require_no_bytes
 from infermux.backends.torch_tensors import device_of, download, to_numpy, to_torch, torch_dtype
 from infermux.errors import InfermuxError, InternalError, InvalidArgumentError, ModelLoadError
 from infermux.model_config import ModelConfig, TensorConfig

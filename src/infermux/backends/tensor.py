@@ -61,14 +61,3 @@ def require_no_bytes(config: ModelConfig, backend: str) -> None:
                 f"model '{config.name}': {backend} has no string tensors, but '{tensor.name}' is "
                 "TYPE_STRING; use a Python model for text"
             )
-
-
-def model_file(context: ModelContext, default: str) -> str:
-    """The model file of this version (``default_model_filename`` overrides ``default``)."""
-    name = context.config.default_model_filename or default
-    path = context.version_path / name
-    if not path.is_file():
-        raise ModelLoadError(
-            f"model '{context.config.name}' version {context.version}: {path} not found"
-        )
-    return str(path)

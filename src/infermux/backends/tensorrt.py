@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from infermux.backends.base import ModelContext
-from infermux.backends.tensor import StackedInstance, model_file, require_no_bytes
+from infermux.backends.base import ModelContext, model_file
+from infermux.backends.tensor import StackedInstance, require_no_bytes
 from infermux.errors import InternalError, InvalidArgumentError, ModelLoadError
 from infermux.model_config import ModelConfig
 from infermux.types import element_count, numpy_dtype

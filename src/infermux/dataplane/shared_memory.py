@@ -31,6 +31,7 @@ from infermux.types import (
     Parameters,
     SharedMemoryRegion,
     Tensor,
+    non_negative_int,
 )
 
 try:  # CPython's own binding of shm_open, as used by multiprocessing.shared_memory
@@ -157,8 +158,8 @@ class SharedMemoryRegistry:
         region = parameters.get(SHM_REGION)
         if not isinstance(region, str) or not region:
             raise InvalidArgumentError(f"{what}: '{SHM_REGION}' must name a registered region")
-        size = _size(what, SHM_BYTE_SIZE, parameters.get(SHM_BYTE_SIZE))
-        offset = _size(what, SHM_OFFSET, parameters.get(SHM_OFFSET, 0))
+        size = non_negative_int(parameters.get(SHM_BYTE_SIZE), f"{what}: '{SHM_BYTE_SIZE}'")
+        offset = non_negative_int(parameters.get(SHM_OFFSET, 0), f"{what}: '{SHM_OFFSET}'")
         mapped = self._regions.get(region)
         if mapped is None:
             raise InvalidArgumentError(f"{what}: shared memory region '{region}' is not registered")
@@ -170,9 +171,3 @@ class SharedMemoryRegistry:
             )
         start = info.offset + offset
         return memoryview(mapped.mapping)[start : start + size]
-
-
-def _size(what: str, key: str, value: object) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise InvalidArgumentError(f"{what}: '{key}' must be an integer >= 0")
-    return value

@@ -14,10 +14,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from infermux.backends.base import ModelRequest
-from infermux.errors import InvalidArgumentError, UnavailableError
+from infermux.errors import UnavailableError
 from infermux.model_config import DynamicBatchingConfig, QueuePolicyConfig
 from infermux.scheduling.base import Completion
-from infermux.types import Parameter
+from infermux.types import Parameter, non_negative_int
 
 FULL = "Exceeds maximum queue size"  # Triton's wording; clients match on it
 TIMED_OUT = "Request timeout expired"
@@ -175,7 +175,4 @@ class RequestQueue:
 
 
 def _non_negative(parameters: dict[str, Parameter], key: str) -> int:
-    value = parameters.get(key, 0)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise InvalidArgumentError(f"parameter '{key}' must be an integer >= 0, got {value!r}")
-    return value
+    return non_negative_int(parameters.get(key, 0), f"parameter '{key}'")
