@@ -7,8 +7,9 @@ request's outcome. Everything runs on the event loop thread, so no locking is ne
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
-from infermux.types import INFER_STAT_KEYS, BatchStats, Duration, ModelStats
+from infermux.types import INFER_STAT_KEYS, BatchStats, Duration, MemoryUsage, ModelStats
 
 
 class _BatchDurations:
@@ -23,9 +24,16 @@ class _BatchDurations:
 class ModelStatistics:
     """Counters of one model version; :meth:`snapshot` gives Triton's ``ModelStatistics``."""
 
-    def __init__(self, name: str, version: int) -> None:
+    def __init__(
+        self,
+        name: str,
+        version: int,
+        memory: Callable[[], tuple[MemoryUsage, ...]] | None = None,
+    ) -> None:
         self.name = name
         self.version = version
+        # Asked on each snapshot: buffers may grow after load (an unexpectedly large batch).
+        self._memory = memory
         self._inference_count = 0
         self._execution_count = 0
         self._last_inference_ms = 0
@@ -86,4 +94,5 @@ class ModelStatistics:
                 )
                 for size, b in sorted(self._batches.items())
             ),
+            memory_usage=self._memory() if self._memory is not None else (),
         )

@@ -232,6 +232,16 @@ class BatchStats:
 
 
 @dataclass(frozen=True, slots=True)
+class MemoryUsage:
+    """Memory a model version holds on one device (Triton's ``MemoryUsage``): ``type`` is
+    ``GPU``, ``CPU`` or ``CPU_PINNED``; ``id`` the device id."""
+
+    type: str
+    id: int
+    byte_size: int
+
+
+@dataclass(frozen=True, slots=True)
 class ModelStats:
     """A snapshot of one model version's statistics (Triton's ``ModelStatistics``).
 
@@ -246,3 +256,4 @@ class ModelStats:
     execution_count: int
     inference_stats: dict[str, Duration]
     batch_stats: tuple[BatchStats, ...]
+    memory_usage: tuple[MemoryUsage, ...] = ()

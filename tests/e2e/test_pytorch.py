@@ -157,3 +157,15 @@ def test_a_corrupt_model_fails_alone_with_a_clear_reason(server: ServerProcess, 
     assert not client.is_model_ready("corrupt")
     assert client.is_model_ready("linear")
     client.close()
+
+
+def test_statistics_report_the_weights_in_memory_usage(server: ServerProcess) -> None:
+    weights = (4 * 3 + 3) * 4  # Linear(4, 3) in fp32, one instance on the CPU
+    http = httpclient.InferenceServerClient(server.url)
+    (stats,) = http.get_inference_statistics("linear")["model_stats"]
+    assert stats["memory_usage"] == [{"type": "CPU", "id": 0, "byte_size": weights}]
+    http.close()
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    (message,) = grpc.get_inference_statistics("linear").model_stats
+    assert [(m.type, m.id, m.byte_size) for m in message.memory_usage] == [("CPU", 0, weights)]
+    grpc.close()

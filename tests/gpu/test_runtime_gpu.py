@@ -3,100 +3,20 @@ allocations."""
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 import pytest
 import torch
 
-from infermux.backends import ModelContext, ModelRequest
-from infermux.backends.pytorch import PyTorchBackend, PyTorchInstance
-from infermux.repository import load_model_config
 from infermux.runtime import WEIGHTS
+from tests.gpu.torch_models import Wide, close, load, rows, run, write
 
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
 ]
-
-WIDTH = 16
-
-
-class Wide(torch.nn.Module):
-    """64 MiB of weights: large enough that a second copy would show."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.up = torch.nn.Linear(WIDTH, 4096)
-        self.square = torch.nn.Linear(4096, 4096)
-        self.down = torch.nn.Linear(4096, 8)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self.down(torch.relu(self.square(torch.relu(self.up(x)))) / 64)
-        return out
-
-
-class Chain(torch.nn.Module):
-    """Dependent 256x1024x1024 FP32 matmuls: each kernel runs for tens of microseconds (longer than
-    launching it) on a fraction of the SMs, so two streams can run side by side. (A first version
-    with 8-row matmuls measured 1.86x on an H200: its time was kernel launches, not GPU work.)"""
-
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(1)
-        self.up = torch.nn.Linear(WIDTH, 1024)
-        self.weight = torch.nn.Parameter(torch.randn(1024, 1024) / 32)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        up: torch.Tensor = self.up(x)
-        h = up.repeat(32, 1)
-        for _ in range(100):
-            h = torch.tanh(h @ self.weight)
-        return h[: x.shape[0]]
-
-
-def write(repo: Path, model: torch.nn.Module, parameters: str = "") -> Path:
-    model_dir = repo / "m"
-    (model_dir / "1").mkdir(parents=True)
-    (model_dir / "config.pbtxt").write_text(
-        'name: "m"\nplatform: "pytorch_libtorch"\nmax_batch_size: 8\n'
-        f'input [ {{ name: "INPUT__0", data_type: TYPE_FP32, dims: [ {WIDTH} ] }} ]\n'
-        'output [ { name: "OUTPUT__0", data_type: TYPE_FP32, dims: [ -1 ] } ]\n'
-        "instance_group [ { kind: KIND_GPU, count: 1 } ]\n" + parameters
-    )
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)  # TorchScript is deprecated
-        scripted: torch.jit.ScriptModule = torch.jit.script(model.eval())
-        scripted.save(str(model_dir / "1" / "model.pt"))
-    return model_dir
-
-
-def load(model_dir: Path, device: str, count: int) -> list[PyTorchInstance]:
-    config = load_model_config(model_dir)
-    backend = PyTorchBackend()
-    return [
-        backend.load(ModelContext(config, 1, model_dir, model_dir / "1", f"m_{i}", device))
-        for i in range(count)
-    ]
-
-
-def run(instance: PyTorchInstance, x: npt.NDArray[np.float32]) -> npt.NDArray[Any]:
-    (result,) = instance.execute([ModelRequest({"INPUT__0": x}, ("OUTPUT__0",))])
-    assert not isinstance(result, Exception), result
-    return np.asarray(result["OUTPUT__0"])
-
-
-def rows(n: int, seed: int) -> npt.NDArray[np.float32]:
-    return np.random.default_rng(seed).standard_normal((n, WIDTH)).astype(np.float32)
-
-
-def close(instances: list[PyTorchInstance]) -> None:
-    for instance in instances:
-        instance.close()
 
 
 def test_instances_on_one_gpu_share_one_copy_of_the_weights(tmp_path: Path) -> None:
@@ -199,3 +119,157 @@ def test_instance_streams_run_batches_concurrently() -> None:
     for stream in streams:
         stream.close()
     assert together < 1.4 * alone, (together, alone)
+
+
+GRAPHS = "optimization { cuda { graphs: true } }\n"
+
+
+class DataDependent(torch.nn.Module):
+    """A branch on a value computed on the GPU: the host must wait for it, which a capture
+    cannot."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = Wide()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.inner(x)
+        if bool(out.sum() > 0):
+            return out
+        return -out
+
+
+def test_graph_replays_answer_as_eager_for_every_padded_batch(tmp_path: Path) -> None:
+    (eager,) = load(write(tmp_path / "eager", Wide()), "cuda:0", 1)
+    (graphed,) = load(write(tmp_path / "graphs", Wide(), GRAPHS), "cuda:0", 1)
+    try:
+        gpu = graphed.gpu
+        assert gpu is not None
+        assert gpu.graphs is not None
+        assert not gpu.graph_error
+        assert gpu.graphs.batch_sizes == [1, 2, 3, 4, 6, 8]
+        for n in range(1, 9):  # 5 and 7 are padded up to 6 and 8
+            for seed in (n, 100 + n):  # a second batch: stale padding rows must not matter
+                x = rows(n, seed)
+                np.testing.assert_allclose(run(graphed, x), run(eager, x), rtol=1e-5, atol=1e-6)
+        assert gpu.replays == 16
+    finally:
+        close([eager, graphed])
+
+
+def test_graph_spec_buckets_and_the_eager_fallback_for_other_batches(tmp_path: Path) -> None:
+    spec = (
+        "optimization { cuda { graphs: true graph_spec [ { batch_size: 4 "
+        "graph_lower_bound { batch_size: 3 } } ] } }\n"
+    )
+    (eager,) = load(write(tmp_path / "eager", Wide()), "cuda:0", 1)
+    (graphed,) = load(write(tmp_path / "graphs", Wide(), spec), "cuda:0", 1)
+    try:
+        gpu = graphed.gpu
+        assert gpu is not None
+        assert gpu.graphs is not None
+        for n, replays in ((2, 0), (3, 1), (4, 2), (8, 2)):
+            x = rows(n, n)
+            np.testing.assert_allclose(run(graphed, x), run(eager, x), rtol=1e-5, atol=1e-6)
+            assert gpu.replays == replays, n
+    finally:
+        close([eager, graphed])
+
+
+def test_a_model_that_cannot_be_captured_runs_eagerly_and_says_why(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level("WARNING"):
+        (instance,) = load(write(tmp_path, DataDependent(), GRAPHS), "cuda:0", 1)
+    try:
+        gpu = instance.gpu
+        assert gpu is not None
+        assert gpu.graphs is None
+        assert "capturing batch size 8 failed" in gpu.graph_error
+        assert "CUDA graphs are off, running eagerly" in caplog.text
+        x = rows(3, 3)
+        np.testing.assert_allclose(
+            run(instance, x), DataDependent()(torch.from_numpy(x)).detach().numpy(), rtol=1e-4
+        )
+        assert gpu.replays == 0
+    finally:
+        instance.close()
+
+
+def test_no_device_allocations_after_capture(tmp_path: Path) -> None:
+    (instance,) = load(write(tmp_path, Wide(), GRAPHS), "cuda:0", 1)
+    try:
+        keys = ("segment.all.allocated", "reserved_bytes.all.current", "num_alloc_retries")
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_stats(0)
+        for i in range(40):
+            run(instance, rows(1 + i % 8, i))
+        torch.cuda.synchronize()
+        after = torch.cuda.memory_stats(0)
+        assert {k: after[k] for k in keys} == {k: before[k] for k in keys}
+        gpu = instance.gpu
+        assert gpu is not None
+        assert gpu.replays == 40
+    finally:
+        instance.close()
+
+
+def test_memory_usage_counts_shared_weights_once_and_matches_the_allocator(
+    tmp_path: Path,
+) -> None:
+    from infermux.runtime import total_by_device
+    from infermux.runtime.memory import instance_memory
+
+    model = Wide()
+    one_copy = sum(p.numel() * p.element_size() for p in model.parameters())
+    torch.cuda.synchronize()
+    allocated = torch.cuda.memory_allocated(0)
+    instances = load(write(tmp_path, model, GRAPHS), "cuda:0", 4)
+    try:
+        torch.cuda.synchronize()
+        grown_allocated = torch.cuda.memory_allocated(0) - allocated
+        uses = instance_memory(instances)
+        weights = [u for u in uses if u.component == "weights"]
+        assert len(weights) == 4
+        assert {u.byte_size for u in weights} == {one_copy}
+        assert all(u.byte_size > 0 for u in uses if u.component in ("graphs", "buffers"))
+        assert all(u.byte_size > 0 for u in uses if u.component == "workspace")
+        gpu_total = next(m.byte_size for m in total_by_device(uses) if m.type == "GPU")
+        pools = sum(u.byte_size for u in uses if u.component == "graphs")
+        # Everything but the graph pools is allocated tensors; the pools are reserved segments,
+        # of which only the graphs' outputs stay allocated between replays.
+        assert 0 <= gpu_total - grown_allocated <= pools, (gpu_total, grown_allocated, pools)
+    finally:
+        close(instances)
+
+
+def test_stream_busy_time_gives_an_occupancy(tmp_path: Path) -> None:
+    from infermux.runtime import Occupancy
+
+    (instance,) = load(write(tmp_path, Wide()), "cuda:0", 1)
+    try:
+        gpu = instance.gpu
+        assert gpu is not None
+        occupancy = Occupancy(gpu.stream.busy_seconds)
+        for i in range(20):
+            run(instance, rows(8, i))
+        assert gpu.stream.busy_seconds > 0
+        assert 0 < occupancy.sample(gpu.stream.busy_seconds) <= 1
+    finally:
+        instance.close()
+
+
+def test_nvml_reads_the_gpu_and_this_process() -> None:
+    import os
+
+    from infermux.runtime.nvml import Nvml
+
+    nvml = Nvml()
+    readings = nvml.read()
+    assert readings
+    assert readings[0].uuid.startswith("GPU-")
+    assert 0 <= readings[0].utilization <= 1
+    assert 0 < readings[0].memory_used_bytes <= readings[0].memory_total_bytes
+    torch.zeros(1, device="cuda:0")
+    # Inside a container NVML may not see the host PID namespace's processes; 0 then, not wrong.
+    assert nvml.process_memory(os.getpid()) >= 0

@@ -41,15 +41,16 @@ import numpy.typing as npt
 
 from infermux.backends.base import ModelContext, model_file
 from infermux.backends.tensor import StackedInstance, require_no_bytes
-from infermux.backends.torch_tensors import device_of, download, to_numpy, to_torch, torch_dtype
+from infermux.backends.torch_gpu import GpuPath
+from infermux.backends.torch_tensors import device_of, to_numpy, to_torch, weight_bytes
 from infermux.errors import InfermuxError, InternalError, InvalidArgumentError, ModelLoadError
 from infermux.model_config import ModelConfig, TensorConfig
 from infermux.runtime import (
     PRIORITY_PARAMETER,
     WEIGHTS,
-    InstanceStream,
     Lease,
-    StagingBuffers,
+    MemoryUse,
+    graph_buckets,
     parse_priority,
 )
 from infermux.types import numpy_dtype
@@ -101,6 +102,11 @@ class PyTorchBackend:
         path = model_file(context, "model.pt2" if exported else "model.pt")
         loader = _load_exported if exported else _load_torchscript
         compile_model = _flag(config, "TORCH_COMPILE")
+        if compile_model and graph_buckets(config):
+            raise ModelLoadError(
+                f"model '{config.name}': TORCH_COMPILE and optimization.cuda.graphs cannot be "
+                "combined; choose one"
+            )
         try:
             if device.type != "cuda":
                 return PyTorchInstance(
@@ -117,20 +123,12 @@ class PyTorchBackend:
                 f"{_reason(exc)}"
             ) from exc
         try:
-            gpu = _GpuPath(InstanceStream(device, priority), StagingBuffers(device), lease)
-            return PyTorchInstance(context, lease.value, device, signature, compile_model, gpu=gpu)
+            instance = PyTorchInstance(context, lease.value, device, signature, compile_model)
+            instance.attach_gpu(GpuPath.create(context, device, priority, lease, instance.forward))
+            return instance
         except BaseException:
             lease.release()
             raise
-
-
-@dataclass(slots=True)
-class _GpuPath:
-    """What a GPU instance adds: its stream, its staging buffers, its share of the weights."""
-
-    stream: InstanceStream
-    staging: StagingBuffers
-    weights: Lease[Callable[..., Any]]
 
 
 @dataclass(frozen=True)
@@ -169,21 +167,40 @@ class PyTorchInstance(StackedInstance):
         device: torch.device,
         signature: _Signature,
         compile_model: bool,
-        *,
-        gpu: _GpuPath | None = None,
     ) -> None:
         super().__init__(context)
         self._model: Callable[..., Any] | None = model
         self._device = device
-        self._gpu = gpu
+        self._gpu: GpuPath | None = None
+        self._weight_bytes = weight_bytes(model) if device.type == "cpu" else 0
         self._signature = signature
         self._compile_pending = compile_model
         self._compiled: Callable[..., Any] | None = None
+
+    def attach_gpu(self, gpu: GpuPath) -> None:
+        """Run on ``gpu`` (built after the instance: its graphs capture :meth:`forward`)."""
+        self._gpu = gpu
+
+    @property
+    def gpu(self) -> GpuPath | None:
+        """The instance's stream, buffers and graphs (None on the CPU or once closed)."""
+        return self._gpu
 
     @property
     def stream(self) -> torch.cuda.Stream | None:
         """The CUDA stream this instance runs its batches on (None on the CPU or once closed)."""
         return self._gpu.stream.stream if self._gpu is not None else None
+
+    def forward(self, tensors: Mapping[str, torch.Tensor]) -> dict[str, Any]:
+        """The model on device tensors by input name -> its outputs by output name."""
+        if self._model is None:
+            raise InternalError(f"model '{self.config.name}' is closed")
+        return self._outputs(self._call(self._model, tensors))
+
+    def memory_usage(self) -> list[MemoryUse]:
+        if self._gpu is not None:
+            return self._gpu.memory_usage()
+        return [MemoryUse("CPU", 0, "weights", self._weight_bytes)] if self._model else []
 
     def run(self, inputs: Mapping[str, npt.NDArray[np.generic]]) -> Mapping[str, npt.ArrayLike]:
         import torch
@@ -195,7 +212,7 @@ class PyTorchInstance(StackedInstance):
         with torch.inference_mode():
             try:
                 if self._gpu is not None:
-                    return self._run_on_stream(self._model, self._gpu, inputs)
+                    return self._gpu.run(self.forward, inputs)
                 tensors = {key: to_torch(array, self._device) for key, array in inputs.items()}
                 return {
                     key: to_numpy(value)
@@ -211,33 +228,12 @@ class PyTorchInstance(StackedInstance):
         self._model = self._compiled = None
         gpu, self._gpu = self._gpu, None
         if gpu is not None:
-            gpu.stream.close()
-            gpu.staging.clear()
-            # The last instance on this GPU frees the weights and empties torch's cache.
-            gpu.weights.release()
+            gpu.close()
 
     def _call(self, model: Callable[..., Any], tensors: Mapping[str, torch.Tensor]) -> Any:
         if self._signature.by_name:
             return self._forward(model, (), tensors)
         return self._forward(model, self._positional(tensors), {})
-
-    def _run_on_stream(
-        self,
-        model: Callable[..., Any],
-        gpu: _GpuPath,
-        inputs: Mapping[str, npt.NDArray[np.generic]],
-    ) -> dict[str, npt.NDArray[Any]]:
-        """Copy in through pinned buffers, run and copy out, all queued on the instance's stream;
-        the thread waits once, at the end, with the GIL released."""
-        with gpu.stream.batch():
-            tensors = {
-                key: gpu.staging.upload(key, array, torch_dtype(array.dtype))
-                for key, array in inputs.items()
-            }
-            outputs = self._outputs(self._call(model, tensors))
-            staged = {key: download(gpu.staging, key, value) for key, value in outputs.items()}
-        # Copied out of the pinned buffers, which the next batch reuses.
-        return {key: np.array(to_numpy(value)) for key, value in staged.items()}
 
     def _forward(
         self, model: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]

@@ -77,3 +77,13 @@ def to_numpy(value: object) -> npt.NDArray[Any]:
     if tensor.dtype == torch.bfloat16:
         return tensor.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
     return tensor.numpy()
+
+
+def weight_bytes(model: object) -> int:
+    """Bytes of a module's parameters and buffers (0 for a model that is not a module)."""
+    parameters = getattr(model, "parameters", None)
+    buffers = getattr(model, "buffers", None)
+    if not callable(parameters) or not callable(buffers):
+        return 0
+    tensors = {id(t): t for t in (*parameters(), *buffers())}  # tied weights once
+    return sum(int(t.numel()) * int(t.element_size()) for t in tensors.values())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,8 +15,11 @@ from infermux.backends.outputs import to_output_tensors
 from infermux.backends.registry import BackendRegistry
 from infermux.model_config import ModelConfig
 from infermux.repository.warmup import warm_up
+from infermux.runtime.memory import describe, instance_memory, total_by_device
 from infermux.scheduling import DynamicBatcher, Scheduler
 from infermux.statistics import ModelStatistics
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -38,7 +42,12 @@ async def build_version(
     """Create, warm up and schedule every instance of ``version``; raises the load error."""
     backend = registry.get(config)
     instances = await asyncio.to_thread(_create_instances, backend.load, config, path, version)
-    stats = ModelStatistics(config.name, version)
+    uses = instance_memory(instances)
+    if uses:
+        logger.info("model '%s' version %d memory: %s", config.name, version, describe(uses))
+    stats = ModelStatistics(
+        config.name, version, memory=lambda: total_by_device(instance_memory(instances))
+    )
     scheduler = DynamicBatcher(
         f"{config.name}_v{version}",
         instances,

@@ -3,7 +3,9 @@
 Copies from pageable memory make the CUDA driver stage through its own pinned buffer and block
 the calling thread; from page-locked memory they are DMA transfers queued on the stream. Each
 instance keeps one pinned buffer (and one device buffer) per input and one pinned buffer per
-output, grown only when a batch needs more, so steady-state batches allocate nothing for I/O.
+output, reserved at load for the largest batch where the shapes are known and grown only when a
+batch needs more, so steady-state batches allocate nothing for I/O. Pinned blocks come from
+torch's caching host allocator, the process's pinned-memory pool.
 """
 
 from __future__ import annotations
@@ -28,46 +30,88 @@ class StagingBuffers:
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
-        self._inputs: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # name -> (pinned, device)
-        self._outputs: dict[str, torch.Tensor] = {}  # name -> pinned
+        self._pinned_in: dict[str, torch.Tensor] = {}
+        self._device_in: dict[str, torch.Tensor] = {}
+        self._pinned_out: dict[str, torch.Tensor] = {}
+
+    def reserve(self, inputs: dict[str, int], outputs: dict[str, int], device: bool) -> None:
+        """Allocate buffers of these byte sizes now (at load), not on the first batch; device
+        input buffers too unless ``device`` is False (graphs bring their own)."""
+        import torch
+
+        for name, size in inputs.items():
+            _grow(self._pinned_in, name, size, _pinned)
+            if device:
+                _grow(
+                    self._device_in,
+                    name,
+                    size,
+                    lambda n: torch.empty(n, dtype=torch.uint8, device=self.device),
+                )
+        for name, size in outputs.items():
+            _grow(self._pinned_out, name, size, _pinned)
 
     def upload(self, name: str, array: npt.NDArray[Any], dtype: torch.dtype) -> torch.Tensor:
         """``array`` on the device as ``dtype`` (same item size): written into the pinned buffer,
         then copied to the device asynchronously on the current stream."""
         import torch
 
+        gpu = _grow(
+            self._device_in,
+            name,
+            array.nbytes,
+            lambda n: torch.empty(n, dtype=torch.uint8, device=self.device),
+        )
+        target = gpu[: array.nbytes].view(dtype).view(array.shape)
+        self.upload_into(name, array, target)
+        return target
+
+    def upload_into(self, name: str, array: npt.NDArray[Any], target: torch.Tensor) -> None:
+        """Copy ``array`` into the first rows of the device tensor ``target`` (e.g. a CUDA graph's
+        static input) through the pinned buffer, asynchronously on the current stream."""
+        import torch
+
         size = array.nbytes
-        host, gpu = self._inputs.get(name, (None, None))
-        if host is None or gpu is None or host.numel() < size:
-            length = max(size, 1)
-            host = torch.empty(length, dtype=torch.uint8, pin_memory=True)
-            gpu = torch.empty(length, dtype=torch.uint8, device=self.device)
-            self._inputs[name] = (host, gpu)
+        host = _grow(self._pinned_in, name, size, _pinned)
         # np.copyto reads read-only and strided arrays alike, and any numpy dtype (bfloat16 too).
         np.copyto(host.numpy()[:size].view(array.dtype).reshape(array.shape), array)
-        target = gpu[:size]
-        target.copy_(host[:size], non_blocking=True)
-        return target.view(dtype).view(array.shape)
+        # Bytes to bytes: ``target`` is contiguous, so its leading bytes are the batch's rows.
+        target.view(-1).view(torch.uint8)[:size].copy_(host[:size], non_blocking=True)
 
     def download(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
         """A pinned host tensor that ``tensor`` is being copied into on the current stream."""
-        import torch
-
         size = tensor.numel() * tensor.element_size()
-        host = self._outputs.get(name)
-        if host is None or host.numel() < size:
-            host = torch.empty(max(size, 1), dtype=torch.uint8, pin_memory=True)
-            self._outputs[name] = host
+        host = _grow(self._pinned_out, name, size, _pinned)
         target = host[:size].view(tensor.dtype).view(tensor.shape)
         target.copy_(tensor, non_blocking=True)
         return target
 
-    def nbytes(self) -> int:
-        """Bytes held in pinned host memory (for diagnostics and tests)."""
-        pinned = [host for host, _ in self._inputs.values()] + list(self._outputs.values())
-        return sum(int(t.numel()) for t in pinned)
+    def pinned_bytes(self) -> int:
+        """Bytes held in pinned host memory."""
+        buffers = [*self._pinned_in.values(), *self._pinned_out.values()]
+        return sum(int(t.numel()) for t in buffers)
+
+    def device_bytes(self) -> int:
+        """Bytes held in device input buffers."""
+        return sum(int(t.numel()) for t in self._device_in.values())
 
     def clear(self) -> None:
         """Drop every buffer (the instance is closing)."""
-        self._inputs.clear()
-        self._outputs.clear()
+        self._pinned_in.clear()
+        self._device_in.clear()
+        self._pinned_out.clear()
+
+
+def _pinned(size: int) -> torch.Tensor:
+    import torch
+
+    return torch.empty(size, dtype=torch.uint8, pin_memory=True)
+
+
+def _grow(buffers: dict[str, torch.Tensor], name: str, size: int, make: Any) -> torch.Tensor:
+    """The uint8 buffer ``name``, replaced by a larger one when it holds fewer than ``size``."""
+    buffer = buffers.get(name)
+    if buffer is None or buffer.numel() < size:
+        buffer = make(max(size, 1))
+        buffers[name] = buffer
+    return buffer

@@ -8,6 +8,7 @@ thread then waits on an event, which releases the GIL while the GPU works.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -69,10 +70,14 @@ class InstanceStream:
             # The weights were copied on the default stream when they were loaded; torch's streams
             # do not synchronise with it, so this stream starts after those copies.
             self.stream.wait_stream(torch.cuda.default_stream(device))
-            # A spinning (not blocking-sync) event: the lowest latency, and the spin happens with
-            # the GIL released, on the instance's own thread.
-            self._done: torch.cuda.Event = cuda.Event()
+            # Spinning (not blocking-sync) events: the lowest latency, and the spin happens with
+            # the GIL released, on the instance's own thread. Timed, for the busy fraction.
+            self._start: torch.cuda.Event = cuda.Event(enable_timing=True)
+            self._done: torch.cuda.Event = cuda.Event(enable_timing=True)
         self.priority = value
+        self.busy_seconds = 0.0
+        """GPU time of this stream's batches (first copy in to last copy out), summed; its rate
+        of change is the stream's occupancy (see :class:`Occupancy`)."""
 
     @contextlib.contextmanager
     def batch(self) -> Iterator[torch.cuda.Stream]:
@@ -84,12 +89,50 @@ class InstanceStream:
         import torch
 
         with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
+            self._start.record(self.stream)
             try:
                 yield self.stream
             finally:
                 self._done.record(self.stream)
                 self._done.synchronize()
+        self.busy_seconds += self._start.elapsed_time(self._done) / 1000.0
+
+    def allocated_bytes(self) -> int:
+        """Device bytes allocated on this stream outside any graph pool and still in use: the
+        cuBLAS/cuDNN workspaces torch keeps per stream (32 MiB of cuBLAS workspace on Hopper).
+
+        Reads the allocator's snapshot (milliseconds, under its lock): call it after a batch,
+        on the instance's thread, not per request.
+        """
+        import torch
+
+        cuda: Any = torch.cuda  # memory_snapshot is unannotated
+        handle = self.stream.cuda_stream
+        return sum(
+            int(segment["allocated_size"])
+            for segment in cuda.memory_snapshot()
+            if segment.get("stream") == handle
+            and tuple(segment.get("segment_pool_id", (0, 0))) == (0, 0)
+        )
 
     def close(self) -> None:
         """Wait for anything still enqueued (nothing is, after :meth:`batch` returned)."""
         self.stream.synchronize()
+
+
+class Occupancy:
+    """The fraction of wall time a stream was busy between two :meth:`sample` calls."""
+
+    def __init__(self, busy_seconds: float = 0.0, now: float | None = None) -> None:
+        self._busy = busy_seconds
+        self._at = time.monotonic() if now is None else now
+
+    def sample(self, busy_seconds: float, now: float | None = None) -> float:
+        """Busy fraction (0..1) since the last sample, given the stream's ``busy_seconds``."""
+        now = time.monotonic() if now is None else now
+        elapsed = now - self._at
+        busy = busy_seconds - self._busy
+        self._busy, self._at = busy_seconds, now
+        if elapsed <= 0:
+            return 0.0
+        return min(max(busy / elapsed, 0.0), 1.0)

@@ -610,3 +610,33 @@ def test_torch_compile_with_inductor(tmp_path: Path, caplog: pytest.LogCaptureFi
     if instance._compiled is None:
         pytest.skip(f"torch.compile is unsupported on this machine: {caplog.text.strip()}")
     np.testing.assert_allclose(result["OUTPUT__0"], reference(module, x).numpy(), rtol=1e-5)
+
+
+def test_a_cpu_instance_reports_its_own_copy_of_the_weights(tmp_path: Path) -> None:
+    instance = load(write_torch_model(tmp_path, script(Linear())))
+    try:
+        (use,) = instance.memory_usage()
+        assert (use.kind, use.device_id, use.component) == ("CPU", 0, "weights")
+        assert use.byte_size == (4 * 3 + 3) * 4  # fp32 weight and bias
+        assert not use.shared_key
+    finally:
+        instance.close()
+    assert instance.memory_usage() == []
+
+
+def test_cuda_graphs_on_a_cpu_instance_change_nothing(tmp_path: Path) -> None:
+    extra = "optimization { cuda { graphs: true } }\n"
+    instance = load(write_torch_model(tmp_path, script(Linear()), extra=extra))
+    try:
+        x = rows(3)
+        (out,) = execute(instance, {"INPUT__0": x})
+        np.testing.assert_allclose(out["OUTPUT__0"], reference(Linear(), x).numpy(), rtol=1e-6)
+        assert instance.gpu is None
+    finally:
+        instance.close()
+
+
+def test_cuda_graphs_and_torch_compile_together_are_refused(tmp_path: Path) -> None:
+    extra = "optimization { cuda { graphs: true } }\n" + parameter("TORCH_COMPILE", "true")
+    with pytest.raises(ModelLoadError, match=r"TORCH_COMPILE and optimization\.cuda\.graphs"):
+        load(write_torch_model(tmp_path, script(Linear()), extra=extra))

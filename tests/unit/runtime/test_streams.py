@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from infermux.errors import ModelLoadError
-from infermux.runtime import parse_priority, priority_for
+from infermux.runtime import Occupancy, parse_priority, priority_for
 
 H100_RANGE = (0, -5)  # (least, greatest): CUDA counts urgency downwards
 
@@ -40,3 +40,13 @@ def test_parse_priority_accepts_the_three_words(value: str, expected: str) -> No
 def test_parse_priority_refuses_anything_else() -> None:
     with pytest.raises(ModelLoadError, match=r"model 'm': parameter STREAM_PRIORITY must be high"):
         parse_priority("m", "urgent")
+
+
+def test_occupancy_is_busy_time_over_wall_time_between_samples() -> None:
+    occupancy = Occupancy(busy_seconds=0.0, now=100.0)
+    assert occupancy.sample(0.25, now=101.0) == 0.25
+    assert occupancy.sample(1.25, now=102.0) == 1.0
+    assert occupancy.sample(1.25, now=104.0) == 0.0
+    # Clamped: streams overlap their copies with other work, and clocks are not exact.
+    assert occupancy.sample(9.0, now=105.0) == 1.0
+    assert occupancy.sample(9.0, now=105.0) == 0.0

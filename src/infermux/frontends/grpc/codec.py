@@ -289,6 +289,8 @@ def statistics_response(stats: Sequence[ModelStats]) -> Message:
                 duration = getattr(batch, key)
                 target = getattr(row, key)
                 target.count, target.ns = duration.count, duration.ns
+        for memory in model.memory_usage:
+            entry.memory_usage.add(type=memory.type, id=memory.id, byte_size=memory.byte_size)
     return response
 
 

@@ -67,7 +67,9 @@ def statistics(stats: list[ModelStats]) -> dict[str, Any]:
                     }
                     for b in s.batch_stats
                 ],
-                "memory_usage": [],
+                "memory_usage": [
+                    {"type": m.type, "id": m.id, "byte_size": m.byte_size} for m in s.memory_usage
+                ],
                 "response_stats": {},
             }
             for s in stats

@@ -1,0 +1,180 @@
+"""The GPU side of a PyTorch instance: its stream, staging buffers, share of the weights, graphs.
+
+Each batch is copied in through pinned buffers, run (a CUDA graph replay when one fits, else the
+model eagerly) and copied out, all queued on the instance's stream; the instance's thread then
+waits once, with the GIL released. Buffers are reserved at load for the largest batch, so steady
+state allocates nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+
+from infermux.backends.base import ModelContext
+from infermux.backends.torch_tensors import download, to_numpy, torch_dtype, weight_bytes
+from infermux.runtime import (
+    CudaGraphs,
+    GraphCaptureError,
+    InstanceStream,
+    Lease,
+    MemoryUse,
+    StagingBuffers,
+    graph_buckets,
+)
+from infermux.runtime.streams import Priority
+from infermux.types import numpy_dtype
+
+if TYPE_CHECKING:
+    import torch
+
+logger = logging.getLogger(__name__)
+
+Forward = Callable[[Mapping[str, "torch.Tensor"]], Mapping[str, Any]]
+
+
+class GpuPath:
+    """What a GPU instance adds to the model it runs; built by :meth:`create` at load."""
+
+    def __init__(
+        self,
+        context: ModelContext,
+        stream: InstanceStream,
+        staging: StagingBuffers,
+        weights: Lease[Callable[..., Any]],
+    ) -> None:
+        self.context = context
+        self.stream = stream
+        self.staging = staging
+        self.weights = weights
+        self.graphs: CudaGraphs | None = None
+        self.graph_error = ""
+        """Why graphs were asked for but are not used ("" when they are, or were not asked)."""
+        self.replays = 0
+        """Batches run by replaying a graph (the rest ran eagerly)."""
+        self.workspace_bytes = 0
+        """cuBLAS/cuDNN workspaces on the instance's stream, measured after its first batch."""
+        self._workspace_measured = False
+        self._weight_bytes = weight_bytes(weights.value)
+
+    @classmethod
+    def create(
+        cls,
+        context: ModelContext,
+        device: torch.device,
+        priority: Priority,
+        weights: Lease[Callable[..., Any]],
+        forward: Forward,
+    ) -> GpuPath:
+        """Stream, reserved buffers and, when the config asks for them, captured graphs."""
+        path = cls(context, InstanceStream(device, priority), StagingBuffers(device), weights)
+        buckets = graph_buckets(context.config)
+        if buckets:
+            path._capture(buckets, forward)
+            path._measure_workspace()  # the capture's warm-up ran the model on the stream
+        path._reserve(device=path.graphs is None)
+        return path
+
+    def run(
+        self, forward: Forward, inputs: Mapping[str, npt.NDArray[np.generic]]
+    ) -> dict[str, npt.NDArray[Any]]:
+        """One stacked batch, in and out through the staging buffers, on the instance's stream."""
+        batching = self.context.config.batching
+        graph = None
+        if self.graphs is not None:
+            graph = self.graphs.find({k: a.shape for k, a in inputs.items()}, batching)
+        staging = self.staging
+        with self.stream.batch():
+            if graph is None:
+                tensors = {
+                    key: staging.upload(key, array, torch_dtype(array.dtype))
+                    for key, array in inputs.items()
+                }
+                outputs = dict(forward(tensors))
+            else:
+                for key, array in inputs.items():
+                    staging.upload_into(key, array, graph.inputs[key])
+                graph.graph.replay()
+                rows = next(iter(inputs.values())).shape[0] if batching else 0
+                outputs = {
+                    key: value[:rows] if batching else value for key, value in graph.outputs.items()
+                }
+                self.replays += 1
+            staged = {key: download(staging, key, value) for key, value in outputs.items()}
+        if not self._workspace_measured:
+            self._measure_workspace()
+        # Copied out of the pinned buffers, which the next batch reuses.
+        return {key: np.array(to_numpy(value)) for key, value in staged.items()}
+
+    def memory_usage(self) -> list[MemoryUse]:
+        device_id = self.stream.device.index or 0
+        graphs = self.graphs
+        buffers = self.staging.device_bytes() + (graphs.buffer_bytes if graphs else 0)
+        # Every instance of this version on this GPU holds the same lease key: one copy.
+        shared = "|".join(str(part) for part in self.weights.key)
+        rows = [
+            MemoryUse("GPU", device_id, "weights", self._weight_bytes, shared),
+            MemoryUse("GPU", device_id, "buffers", buffers),
+            MemoryUse("CPU_PINNED", 0, "staging", self.staging.pinned_bytes()),
+        ]
+        if graphs is not None:
+            rows.append(MemoryUse("GPU", device_id, "graphs", graphs.pool_bytes))
+        rows.append(MemoryUse("GPU", device_id, "workspace", self.workspace_bytes))
+        return rows
+
+    def close(self) -> None:
+        self.stream.close()
+        if self.graphs is not None:
+            self.graphs.close()
+            self.graphs = None
+        self.staging.clear()
+        # The last instance on this GPU frees the weights and empties torch's cache.
+        self.weights.release()
+
+    def _capture(self, buckets: Any, forward: Forward) -> None:
+        import torch
+
+        config = self.context.config
+        dtypes = {t.name: torch_dtype(numpy_dtype(t.datatype)) for t in config.inputs}
+        try:
+            # inference_mode is thread-local: the capture must record no autograd state.
+            with torch.inference_mode(), torch.cuda.device(self.stream.device):
+                self.graphs = CudaGraphs.capture(buckets, dtypes, forward, self.stream.stream)
+        except GraphCaptureError as exc:
+            self.graph_error = str(exc)
+            logger.warning(
+                "model '%s' instance %s: CUDA graphs are off, running eagerly: %s",
+                config.name,
+                self.context.instance_name,
+                exc,
+            )
+            return
+        logger.info(
+            "model '%s' instance %s: captured CUDA graphs for batch sizes %s",
+            config.name,
+            self.context.instance_name,
+            self.graphs.batch_sizes,
+        )
+
+    def _measure_workspace(self) -> None:
+        self._workspace_measured = True
+        self.workspace_bytes = self.stream.allocated_bytes()
+
+    def _reserve(self, device: bool) -> None:
+        """Buffers for the largest batch of every tensor whose shape the config fixes."""
+        config = self.context.config
+        rows = max(config.max_batch_size, 1)
+
+        def sizes(tensors: Any) -> dict[str, int]:
+            fixed = {}
+            for tensor in tensors:
+                if all(d > 0 for d in tensor.dims):
+                    count = rows * int(np.prod(tensor.dims, dtype=np.int64))
+                    fixed[tensor.name] = count * numpy_dtype(tensor.datatype).itemsize
+            return fixed
+
+        self.staging.reserve(sizes(config.inputs), sizes(config.outputs), device=device)
