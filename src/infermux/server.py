@@ -18,6 +18,7 @@ from pathlib import Path
 from infermux import __version__
 from infermux.backends import BackendRegistry
 from infermux.dataplane import DataPlane
+from infermux.dataplane.cuda_shared_memory import CudaSharedMemoryRegistry
 from infermux.dataplane.shared_memory import SharedMemoryRegistry
 from infermux.frontends import unix_socket
 from infermux.frontends.grpc import GrpcBindError, GrpcServer
@@ -36,7 +37,7 @@ EXTENSIONS = (
     "parameters",
     "statistics",
 )
-SHM_EXTENSION = "system_shared_memory"
+SHM_EXTENSIONS = ("system_shared_memory", "cuda_shared_memory")
 
 
 class StartupError(Exception):
@@ -57,13 +58,14 @@ class InfermuxServer:
             poll_seconds=settings.repository_poll_secs,
             observer=self._progress,
         )
-        extensions = EXTENSIONS + ((SHM_EXTENSION,) if settings.allow_client_shm else ())
+        extensions = EXTENSIONS + (SHM_EXTENSIONS if settings.allow_client_shm else ())
         self.dataplane = DataPlane(
             self.repository,
             version=__version__,
             extensions=extensions,
             strict_readiness=settings.strict_readiness,
             shared_memory=SharedMemoryRegistry(enabled=settings.allow_client_shm),
+            cuda_shared_memory=CudaSharedMemoryRegistry(enabled=settings.allow_client_shm),
         )
         self._stop = asyncio.Event()
         self._socket_files: list[Path] = []

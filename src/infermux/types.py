@@ -7,6 +7,7 @@ it only ever see these types.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -194,6 +195,83 @@ class SharedMemoryRegion:
     key: str
     offset: int
     byte_size: int
+
+
+@dataclass(frozen=True, slots=True)
+class CudaSharedMemoryRegion:
+    """A registered CUDA shared-memory region (the status row)."""
+
+    name: str
+    device_id: int
+    byte_size: int
+
+
+class DeviceArray:
+    """A C-contiguous tensor in GPU memory that infermux does not own: an input a client placed
+    in a CUDA shared-memory region. Backends that run on the GPU read it in place through
+    ``__cuda_array_interface__`` (torch, cupy, numba); nothing copies it through host memory.
+
+    ``owner`` keeps the region's mapping alive while the array is in flight; the region itself
+    must not be written by the client until the response arrives, as with Triton.
+    """
+
+    __slots__ = ("_owner", "device_id", "dtype", "pointer", "shape")
+
+    def __init__(
+        self,
+        pointer: int,
+        shape: tuple[int, ...],
+        dtype: np.dtype[Any],
+        device_id: int,
+        owner: object = None,
+    ) -> None:
+        self.pointer = pointer
+        self.shape = shape
+        self.dtype = dtype
+        self.device_id = device_id
+        self._owner = owner
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+    def reshape(self, shape: tuple[int, ...]) -> DeviceArray:
+        """The same bytes seen with another shape of the same element count."""
+        if int(np.prod(shape, dtype=np.int64)) != int(np.prod(self.shape, dtype=np.int64)):
+            raise ValueError(f"cannot reshape {list(self.shape)} into {list(shape)}")
+        return DeviceArray(self.pointer, shape, self.dtype, self.device_id, self._owner)
+
+    def rows(self, start: int, stop: int) -> DeviceArray:
+        """Rows ``start:stop`` of the first dimension (a view)."""
+        row = self.nbytes // self.shape[0] if self.shape and self.shape[0] else 0
+        return DeviceArray(
+            self.pointer + start * row,
+            (stop - start, *self.shape[1:]),
+            self.dtype,
+            self.device_id,
+            self._owner,
+        )
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        # Version 3 without a stream: the client synchronised before it sent the request.
+        return {
+            "shape": self.shape,
+            "typestr": self.dtype.str,
+            "data": (self.pointer, True),
+            "version": 3,
+            "strides": None,
+        }
+
+    def __repr__(self) -> str:
+        return (
+            f"DeviceArray(shape={list(self.shape)}, dtype={self.dtype}, "
+            f"device={self.device_id}, pointer={self.pointer:#x})"
+        )
 
 
 @dataclass(slots=True)

@@ -17,7 +17,7 @@ import numpy.typing as npt
 
 from infermux.errors import ModelLoadError
 from infermux.model_config import ModelConfig
-from infermux.types import Parameters
+from infermux.types import DeviceArray, Parameters
 
 ExecuteResult = Mapping[str, npt.ArrayLike] | Exception
 """Per request: output name -> array, or an exception that fails only that request."""
@@ -52,12 +52,16 @@ class ModelRequest:
     requested_outputs: tuple[str, ...]
     parameters: Parameters = field(default_factory=dict)
     id: str = ""
+    device_inputs: dict[str, DeviceArray] = field(default_factory=dict)
+    """Inputs left in a client's GPU memory (CUDA shared memory), given only to backends that
+    set ``accepts_device_inputs``; for the others they arrive in ``inputs``, copied to host."""
 
     @property
     def batch_size(self) -> int:
         """Rows in the batch dimension (1 for non-batching models)."""
-        first = next(iter(self.inputs.values()), None)
-        return int(first.shape[0]) if first is not None and first.ndim else 1
+        shapes = [a.shape for a in self.inputs.values()]
+        shapes += [a.shape for a in self.device_inputs.values()]
+        return int(shapes[0][0]) if shapes and shapes[0] else 1
 
 
 class BackendInstance(Protocol):
@@ -79,6 +83,8 @@ class Backend(Protocol):
     stacks_inputs: bool
     """True when instances run one kernel over the stacked batch, so the scheduler must only
     batch requests whose shapes match past the batch dimension (False: a list of requests)."""
+    # Optional: ``accepts_device_inputs = True`` when instances read
+    # :attr:`ModelRequest.device_inputs` in place on the GPU (absent means False).
 
     def load(self, context: ModelContext) -> BackendInstance:
         """Create one instance; raise :class:`~infermux.errors.ModelLoadError` saying why not."""

@@ -42,7 +42,13 @@ import numpy.typing as npt
 from infermux.backends.base import ModelContext, model_file
 from infermux.backends.tensor import StackedInstance, require_no_bytes
 from infermux.backends.torch_gpu import GpuPath
-from infermux.backends.torch_tensors import device_of, to_numpy, to_torch, weight_bytes
+from infermux.backends.torch_tensors import (
+    device_of,
+    device_tensor,
+    to_numpy,
+    to_torch,
+    weight_bytes,
+)
 from infermux.errors import InfermuxError, InternalError, InvalidArgumentError, ModelLoadError
 from infermux.model_config import ModelConfig, TensorConfig
 from infermux.runtime import (
@@ -53,7 +59,7 @@ from infermux.runtime import (
     graph_buckets,
     parse_priority,
 )
-from infermux.types import numpy_dtype
+from infermux.types import DeviceArray, numpy_dtype
 
 if TYPE_CHECKING:
     import torch
@@ -70,6 +76,7 @@ class PyTorchBackend:
 
     name = "pytorch"
     stacks_inputs = True
+    accepts_device_inputs = True  # CUDA shared memory inputs are gathered on the GPU
 
     def load(self, context: ModelContext) -> PyTorchInstance:
         config = context.config
@@ -203,6 +210,13 @@ class PyTorchInstance(StackedInstance):
         return [MemoryUse("CPU", 0, "weights", self._weight_bytes)] if self._model else []
 
     def run(self, inputs: Mapping[str, npt.NDArray[np.generic]]) -> Mapping[str, npt.ArrayLike]:
+        return self.run_batch(inputs, {})
+
+    def run_batch(
+        self,
+        inputs: Mapping[str, npt.NDArray[np.generic]],
+        device: Mapping[str, Sequence[DeviceArray]],
+    ) -> Mapping[str, npt.ArrayLike]:
         import torch
 
         name = self.config.name
@@ -212,8 +226,10 @@ class PyTorchInstance(StackedInstance):
         with torch.inference_mode():
             try:
                 if self._gpu is not None:
-                    return self._gpu.run(self.forward, inputs)
+                    return self._gpu.run(self.forward, inputs, device)
                 tensors = {key: to_torch(array, self._device) for key, array in inputs.items()}
+                for key, parts in device.items():  # a CPU instance given GPU inputs: copy down
+                    tensors[key] = torch.cat([device_tensor(p).to(self._device) for p in parts])
                 return {
                     key: to_numpy(value)
                     for key, value in self._outputs(self._call(self._model, tensors)).items()

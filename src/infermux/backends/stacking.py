@@ -13,16 +13,20 @@ import numpy.typing as npt
 
 from infermux.backends.base import ModelRequest
 from infermux.errors import InvalidArgumentError
+from infermux.types import DeviceArray
 
 
 def compatible(a: ModelRequest, b: ModelRequest) -> bool:
     """Whether two requests can share a stacked batch: same inputs and shapes past the batch."""
-    if a.inputs.keys() != b.inputs.keys():
-        return False
-    for name, array in a.inputs.items():
-        other = b.inputs[name]
-        if array.shape[1:] != other.shape[1:] or array.dtype != other.dtype:
+    # An input is on the device in every request of a batch or in none: a batch is gathered
+    # either from host memory or from GPU memory, per input.
+    for mine, theirs in ((a.inputs, b.inputs), (a.device_inputs, b.device_inputs)):
+        if mine.keys() != theirs.keys():
             return False
+        for name, array in mine.items():
+            other = theirs[name]
+            if array.shape[1:] != other.shape[1:] or array.dtype != other.dtype:
+                return False
     return True
 
 
@@ -39,6 +43,13 @@ def stack(requests: Sequence[ModelRequest]) -> dict[str, npt.NDArray[np.generic]
     return {
         name: np.concatenate([r.inputs[name] for r in requests], axis=0) for name in first.inputs
     }
+
+
+def device_parts(requests: Sequence[ModelRequest]) -> dict[str, list[DeviceArray]]:
+    """Each device input's per-request parts, in request order (gathered on the GPU)."""
+    if not requests or not requests[0].device_inputs:
+        return {}
+    return {name: [r.device_inputs[name] for r in requests] for name in requests[0].device_inputs}
 
 
 def split(

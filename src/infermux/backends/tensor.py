@@ -11,9 +11,10 @@ import numpy as np
 import numpy.typing as npt
 
 from infermux.backends.base import ExecuteResult, ModelContext, ModelRequest
-from infermux.backends.stacking import split, stack
+from infermux.backends.stacking import device_parts, split, stack
 from infermux.errors import InfermuxError, InternalError, ModelLoadError
 from infermux.model_config import ModelConfig
+from infermux.types import DeviceArray
 
 Arrays = dict[str, npt.NDArray[np.generic]]
 
@@ -38,9 +39,22 @@ class StackedInstance(abc.ABC):
     def close(self) -> None:
         """Release the instance (free device memory, sessions, contexts)."""
 
+    def run_batch(
+        self,
+        inputs: Mapping[str, npt.NDArray[np.generic]],
+        device: Mapping[str, Sequence[DeviceArray]],
+    ) -> Mapping[str, npt.ArrayLike]:
+        """Run one batch whose ``device`` inputs are still per request in GPU memory; only
+        backends with ``accepts_device_inputs`` receive any and override this."""
+        if device:
+            raise InternalError(
+                f"model '{self.config.name}': its backend cannot read inputs in GPU memory"
+            )
+        return self.run(inputs)
+
     def execute(self, requests: Sequence[ModelRequest]) -> Sequence[ExecuteResult]:
         try:
-            outputs = self.run(stack(requests))
+            outputs = self.run_batch(stack(requests), device_parts(requests))
         except InfermuxError as exc:
             return [exc] * len(requests)
         arrays = {name: np.asarray(value) for name, value in outputs.items()}

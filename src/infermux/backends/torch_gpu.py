@@ -9,14 +9,20 @@ state allocates nothing.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 
 from infermux.backends.base import ModelContext
-from infermux.backends.torch_tensors import download, to_numpy, torch_dtype, weight_bytes
+from infermux.backends.torch_tensors import (
+    device_tensor,
+    download,
+    to_numpy,
+    torch_dtype,
+    weight_bytes,
+)
 from infermux.runtime import (
     CudaGraphs,
     GraphCaptureError,
@@ -27,7 +33,7 @@ from infermux.runtime import (
     graph_buckets,
 )
 from infermux.runtime.streams import Priority
-from infermux.types import numpy_dtype
+from infermux.types import DeviceArray, numpy_dtype
 
 if TYPE_CHECKING:
     import torch
@@ -80,13 +86,20 @@ class GpuPath:
         return path
 
     def run(
-        self, forward: Forward, inputs: Mapping[str, npt.NDArray[np.generic]]
+        self,
+        forward: Forward,
+        inputs: Mapping[str, npt.NDArray[np.generic]],
+        device: Mapping[str, Sequence[DeviceArray]],
     ) -> dict[str, npt.NDArray[Any]]:
-        """One stacked batch, in and out through the staging buffers, on the instance's stream."""
+        """One batch, in and out through the staging buffers, on the instance's stream: host
+        inputs come through pinned memory, ``device`` inputs (per-request parts in GPU memory)
+        are gathered device to device."""
         batching = self.context.config.batching
-        graph = None
-        if self.graphs is not None:
-            graph = self.graphs.find({k: a.shape for k, a in inputs.items()}, batching)
+        shapes = {key: array.shape for key, array in inputs.items()}
+        for key, parts in device.items():
+            rows = sum(p.shape[0] for p in parts) if batching else 0
+            shapes[key] = (rows, *parts[0].shape[1:]) if batching else parts[0].shape
+        graph = self.graphs.find(shapes, batching) if self.graphs is not None else None
         staging = self.staging
         with self.stream.batch():
             if graph is None:
@@ -94,12 +107,18 @@ class GpuPath:
                     key: staging.upload(key, array, torch_dtype(array.dtype))
                     for key, array in inputs.items()
                 }
+                for key, parts in device.items():
+                    tensors[key] = _gather(
+                        parts, staging.device_buffer(key, shapes[key], torch_dtype(parts[0].dtype))
+                    )
                 outputs = dict(forward(tensors))
             else:
                 for key, array in inputs.items():
                     staging.upload_into(key, array, graph.inputs[key])
+                for key, parts in device.items():
+                    _gather(parts, graph.inputs[key])
                 graph.graph.replay()
-                rows = next(iter(inputs.values())).shape[0] if batching else 0
+                rows = next(iter(shapes.values()))[0] if batching else 0
                 outputs = {
                     key: value[:rows] if batching else value for key, value in graph.outputs.items()
                 }
@@ -178,3 +197,15 @@ class GpuPath:
             return fixed
 
         self.staging.reserve(sizes(config.inputs), sizes(config.outputs), device=device)
+
+
+def _gather(parts: Sequence[DeviceArray], target: torch.Tensor) -> torch.Tensor:
+    """Copy the parts, one after the other, into the leading rows of ``target`` (device to
+    device, on the current stream); returns ``target``."""
+    offset = 0
+    flat = target.view(-1)
+    for part in parts:
+        source = device_tensor(part).reshape(-1)
+        flat[offset : offset + source.numel()].copy_(source, non_blocking=True)
+        offset += source.numel()
+    return target

@@ -11,6 +11,7 @@ import numpy.typing as npt
 from infermux.backends.base import ModelContext
 from infermux.errors import InternalError, ModelLoadError
 from infermux.runtime import StagingBuffers
+from infermux.types import DeviceArray
 
 if TYPE_CHECKING:
     import torch
@@ -47,6 +48,17 @@ def to_torch(array: npt.NDArray[np.generic], device: torch.device) -> torch.Tens
     # from_numpy shares memory; inputs decoded from a request body are read-only views of it, which
     # torch warns about and a model could write through, so those (only) are copied first.
     return torch.from_numpy(np.require(array, requirements=("C", "W"))).to(device)
+
+
+def device_tensor(array: DeviceArray) -> torch.Tensor:
+    """A torch view of GPU memory that infermux does not own (no copy): copy from it, never
+    write into it."""
+    import torch
+
+    if array.dtype == ml_dtypes.bfloat16:  # __cuda_array_interface__ has no bfloat16 typestr
+        bits = DeviceArray(array.pointer, array.shape, np.dtype(np.int16), array.device_id, array)
+        return device_tensor(bits).view(torch.bfloat16)
+    return torch.as_tensor(array, device=torch.device("cuda", array.device_id))
 
 
 def torch_dtype(dtype: np.dtype[Any]) -> torch.dtype:

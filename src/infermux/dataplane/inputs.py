@@ -6,19 +6,29 @@ the tensor and what was expected.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 import numpy.typing as npt
 
 from infermux.backends.base import ModelRequest
 from infermux.errors import InvalidArgumentError
 from infermux.model_config import ModelConfig, TensorConfig
-from infermux.types import InferRequest
+from infermux.types import DeviceArray, InferRequest
 
 
-def to_model_request(config: ModelConfig, request: InferRequest) -> ModelRequest:
-    """Validate ``request`` for ``config`` and produce what the model's ``execute`` receives."""
+def to_model_request(
+    config: ModelConfig,
+    request: InferRequest,
+    device: Mapping[str, DeviceArray] | None = None,
+) -> ModelRequest:
+    """Validate ``request`` for ``config`` and produce what the model's ``execute`` receives.
+
+    ``device`` holds the data of inputs that stay in GPU memory (their ``Tensor.data`` is unused).
+    """
     model = config.name
     inputs: dict[str, npt.NDArray[np.generic]] = {}
+    on_device: dict[str, DeviceArray] = {}
     batch: int | None = None
     for tensor in request.inputs:
         spec = config.input(tensor.name)
@@ -26,7 +36,7 @@ def to_model_request(config: ModelConfig, request: InferRequest) -> ModelRequest
             raise InvalidArgumentError(
                 f"unexpected inference input '{tensor.name}' for model '{model}'"
             )
-        if tensor.name in inputs:
+        if tensor.name in inputs or tensor.name in on_device:
             raise InvalidArgumentError(
                 f"input '{tensor.name}' appears more than once in the request for model '{model}'"
             )
@@ -44,16 +54,23 @@ def to_model_request(config: ModelConfig, request: InferRequest) -> ModelRequest
                     f"input '{tensor.name}' has batch size {tensor.shape[0]} but other inputs of "
                     f"the request to model '{model}' have batch size {batch}"
                 )
-        data = tensor.data
+        shape = None
         if spec.reshape is not None:
-            data = data.reshape(
-                tensor.shape[:1] + spec.reshape if config.batching else spec.reshape
-            )
-        inputs[tensor.name] = data
-    missing = [t.name for t in config.inputs if not t.optional and t.name not in inputs]
+            shape = tensor.shape[:1] + spec.reshape if config.batching else spec.reshape
+        if device and tensor.name in device:
+            gpu = device[tensor.name]
+            on_device[tensor.name] = gpu.reshape(shape) if shape is not None else gpu
+        else:
+            inputs[tensor.name] = tensor.data.reshape(shape) if shape is not None else tensor.data
+    given = len(inputs) + len(on_device)
+    missing = [
+        t.name
+        for t in config.inputs
+        if not t.optional and t.name not in inputs and t.name not in on_device
+    ]
     if missing:
         raise InvalidArgumentError(
-            f"expected {len(config.inputs)} inputs but got {len(inputs)} inputs for model "
+            f"expected {len(config.inputs)} inputs but got {given} inputs for model "
             f"'{model}'; missing: {', '.join(missing)}"
         )
     wanted: list[str] = []
@@ -68,7 +85,7 @@ def to_model_request(config: ModelConfig, request: InferRequest) -> ModelRequest
             )
         wanted.append(output.name)
     requested = tuple(wanted) if wanted else tuple(t.name for t in config.outputs)
-    return ModelRequest(inputs, requested, dict(request.parameters), request.id)
+    return ModelRequest(inputs, requested, dict(request.parameters), request.id, on_device)
 
 
 def _check_shape(config: ModelConfig, spec: TensorConfig, shape: tuple[int, ...]) -> None:

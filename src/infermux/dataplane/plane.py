@@ -10,10 +10,13 @@ import logging
 import time
 from collections.abc import Sequence
 
-from infermux.errors import InfermuxError, InvalidArgumentError, NotFoundError, UnsupportedError
+from infermux.errors import ErrorCode, InfermuxError, InvalidArgumentError
 from infermux.model_config import ModelConfig
 from infermux.repository import ModelRepository
 from infermux.types import (
+    SHM_REGION,
+    CudaSharedMemoryRegion,
+    DeviceArray,
     InferRequest,
     InferResponse,
     ModelMetadata,
@@ -26,6 +29,7 @@ from infermux.types import (
     uses_shared_memory,
 )
 
+from .cuda_shared_memory import CudaSharedMemoryRegistry
 from .inputs import to_model_request
 from .shared_memory import SharedMemoryRegistry
 
@@ -45,9 +49,11 @@ class DataPlane:
         extensions: Sequence[str] = (),
         strict_readiness: bool = True,
         shared_memory: SharedMemoryRegistry | None = None,
+        cuda_shared_memory: CudaSharedMemoryRegistry | None = None,
     ) -> None:
         self._repository = repository
         self._shm = shared_memory or SharedMemoryRegistry(enabled=False)
+        self._cuda = cuda_shared_memory or CudaSharedMemoryRegistry(enabled=False)
         self._metadata = ServerMetadata(SERVER_NAME, version, tuple(extensions))
         self._strict = strict_readiness
         self._shutting_down = False
@@ -101,10 +107,19 @@ class DataPlane:
         started = time.perf_counter_ns()
         model = self._repository.get(request.model_name, request.model_version)
         try:
+            device: dict[str, DeviceArray] = {}
             for tensor in request.inputs:
-                if uses_shared_memory(tensor.parameters):
+                if not uses_shared_memory(tensor.parameters):
+                    continue
+                if self._cuda.has(str(tensor.parameters.get(SHM_REGION, ""))):
+                    data = self._cuda.read(tensor, on_device=model.accepts_device_inputs)
+                    if isinstance(data, DeviceArray):
+                        device[tensor.name] = data
+                    else:
+                        tensor.data = data
+                else:
                     tensor.data = self._shm.read(tensor)
-            model_request = to_model_request(model.config, request)
+            model_request = to_model_request(model.config, request, device)
             done = await model.scheduler.submit(model_request)
             outputs = self._place_outputs(request, done.outputs)
         except InfermuxError:
@@ -129,7 +144,16 @@ class DataPlane:
         wanted = {o.name: o.parameters for o in request.outputs if uses_shared_memory(o.parameters)}
         if not wanted:
             return outputs
-        return [self._shm.write(t, wanted[t.name]) if t.name in wanted else t for t in outputs]
+        placed = []
+        for tensor in outputs:
+            parameters = wanted.get(tensor.name)
+            if parameters is None:
+                placed.append(tensor)
+            elif self._cuda.has(str(parameters.get(SHM_REGION, ""))):
+                placed.append(self._cuda.write(tensor, parameters))
+            else:
+                placed.append(self._shm.write(tensor, parameters))
+        return placed
 
     # -- statistics -------------------------------------------------------------------------------
 
@@ -149,6 +173,7 @@ class DataPlane:
     # -- system shared memory ---------------------------------------------------------------------
 
     def shm_register(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        self._check_free(name, self._cuda.has(name))
         self._shm.register(name, key, offset, byte_size)
 
     def shm_unregister(self, name: str = "") -> None:
@@ -157,27 +182,32 @@ class DataPlane:
     def shm_status(self, name: str = "") -> list[SharedMemoryRegion]:
         return self._shm.status(name)
 
-    # CUDA shared memory is not supported yet. Status and unregister-all still answer truthfully
-    # (there are no CUDA regions) because clients such as perf_analyzer call them unconditionally.
+    # -- CUDA shared memory -----------------------------------------------------------------------
 
-    def cuda_shm_status(self, name: str = "") -> list[SharedMemoryRegion]:
-        if name:
-            raise NotFoundError(f"CUDA shared memory region '{name}' is not registered")
-        return []
+    def cuda_shm_register(
+        self, name: str, raw_handle: bytes, device_id: int, byte_size: int
+    ) -> None:
+        self._check_free(name, self._shm.has(name))
+        self._cuda.register(name, raw_handle, device_id, byte_size)
 
-    def cuda_shm_register(self, name: str) -> None:
-        raise UnsupportedError(
-            f"cannot register CUDA shared memory region '{name}': CUDA shared memory is not "
-            "supported by infermux yet (use system shared memory)"
-        )
+    @staticmethod
+    def _check_free(name: str, taken: bool) -> None:
+        # System and CUDA regions share one namespace, as in Triton: an input names only a region.
+        if taken:
+            raise InfermuxError(
+                f"shared memory region '{name}' is already registered", ErrorCode.ALREADY_EXISTS
+            )
 
     def cuda_shm_unregister(self, name: str = "") -> None:
-        if name:
-            raise NotFoundError(f"CUDA shared memory region '{name}' is not registered")
+        self._cuda.unregister(name)
+
+    def cuda_shm_status(self, name: str = "") -> list[CudaSharedMemoryRegion]:
+        return self._cuda.status(name)
 
     def close(self) -> None:
         """Release what the data plane holds itself (shared-memory mappings)."""
         self._shm.close()
+        self._cuda.close()
 
     # -- repository -------------------------------------------------------------------------------
 

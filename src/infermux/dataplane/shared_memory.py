@@ -145,29 +145,46 @@ class SharedMemoryRegistry:
                 f"{what} needs {len(raw)} bytes but its shared memory byte size is {len(view)}"
             )
         view[: len(raw)] = raw
-        placed: Parameters = {
-            SHM_REGION: parameters[SHM_REGION],
-            SHM_BYTE_SIZE: len(raw),
-        }
-        if SHM_OFFSET in parameters:
-            placed[SHM_OFFSET] = parameters[SHM_OFFSET]
-        return Tensor(tensor.name, tensor.datatype, tensor.shape, tensor.data[:0], placed)
+        return placed(tensor, parameters, len(raw))
 
     def _view(self, what: str, parameters: Parameters) -> memoryview:
         self._check_enabled()
-        region = parameters.get(SHM_REGION)
-        if not isinstance(region, str) or not region:
-            raise InvalidArgumentError(f"{what}: '{SHM_REGION}' must name a registered region")
-        size = non_negative_int(parameters.get(SHM_BYTE_SIZE), f"{what}: '{SHM_BYTE_SIZE}'")
-        offset = non_negative_int(parameters.get(SHM_OFFSET, 0), f"{what}: '{SHM_OFFSET}'")
+        region, offset, size = shm_reference(what, parameters)
         mapped = self._regions.get(region)
         if mapped is None:
             raise InvalidArgumentError(f"{what}: shared memory region '{region}' is not registered")
         info = mapped.info
-        if offset + size > info.byte_size:
-            raise InvalidArgumentError(
-                f"{what}: offset {offset} + byte size {size} is outside region '{region}' "
-                f"of {info.byte_size} bytes"
-            )
+        check_bounds(what, region, offset, size, info.byte_size)
         start = info.offset + offset
         return memoryview(mapped.mapping)[start : start + size]
+
+    def has(self, name: str) -> bool:
+        """Whether region ``name`` is registered here."""
+        return name in self._regions
+
+
+def shm_reference(what: str, parameters: Parameters) -> tuple[str, int, int]:
+    """``(region, offset, byte size)`` from a tensor's shared-memory parameters."""
+    region = parameters.get(SHM_REGION)
+    if not isinstance(region, str) or not region:
+        raise InvalidArgumentError(f"{what}: '{SHM_REGION}' must name a registered region")
+    size = non_negative_int(parameters.get(SHM_BYTE_SIZE), f"{what}: '{SHM_BYTE_SIZE}'")
+    offset = non_negative_int(parameters.get(SHM_OFFSET, 0), f"{what}: '{SHM_OFFSET}'")
+    return region, offset, size
+
+
+def check_bounds(what: str, region: str, offset: int, size: int, region_size: int) -> None:
+    """Refuse a slice that does not lie inside the region."""
+    if offset + size > region_size:
+        raise InvalidArgumentError(
+            f"{what}: offset {offset} + byte size {size} is outside region '{region}' "
+            f"of {region_size} bytes"
+        )
+
+
+def placed(tensor: Tensor, parameters: Parameters, size: int) -> Tensor:
+    """``tensor`` as answered when its data went into shared memory: no data, the region named."""
+    where: Parameters = {SHM_REGION: parameters[SHM_REGION], SHM_BYTE_SIZE: size}
+    if SHM_OFFSET in parameters:
+        where[SHM_OFFSET] = parameters[SHM_OFFSET]
+    return Tensor(tensor.name, tensor.datatype, tensor.shape, tensor.data[:0], where)

@@ -30,6 +30,8 @@ class LoadedModel:
     version: int
     scheduler: Scheduler
     stats: ModelStatistics
+    accepts_device_inputs: bool = False
+    """Its backend reads inputs in GPU memory in place (CUDA shared memory)."""
 
     @property
     def name(self) -> str:
@@ -57,7 +59,8 @@ async def build_version(
         compatible=stacking.compatible if backend.stacks_inputs else None,
         stats=stats,
     )
-    return LoadedModel(config, version, scheduler, stats)
+    device_inputs = bool(getattr(backend, "accepts_device_inputs", False))
+    return LoadedModel(config, version, scheduler, stats, device_inputs)
 
 
 def _create_instances(

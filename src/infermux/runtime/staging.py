@@ -66,6 +66,23 @@ class StagingBuffers:
         self.upload_into(name, array, target)
         return target
 
+    def device_buffer(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """The device input buffer ``name`` as a ``shape`` tensor of ``dtype`` (contents left
+        as they are: the caller fills it)."""
+        import torch
+
+        count = 1
+        for d in shape:
+            count *= d
+        size = count * torch.empty((), dtype=dtype).element_size()
+        gpu = _grow(
+            self._device_in,
+            name,
+            size,
+            lambda n: torch.empty(n, dtype=torch.uint8, device=self.device),
+        )
+        return gpu[:size].view(dtype).view(shape)
+
     def upload_into(self, name: str, array: npt.NDArray[Any], target: torch.Tensor) -> None:
         """Copy ``array`` into the first rows of the device tensor ``target`` (e.g. a CUDA graph's
         static input) through the pinned buffer, asynchronously on the current stream."""

@@ -21,6 +21,7 @@ from infermux.tensor_bytes import tensor_from_bytes, tensor_to_bytes
 from infermux.types import (
     DATATYPES,
     SHM_REGION,
+    CudaSharedMemoryRegion,
     InferRequest,
     InferResponse,
     ModelMetadata,
@@ -303,6 +304,18 @@ def repository_index_response(entries: Sequence[RepositoryIndexEntry]) -> Messag
             for e in entries
         ]
     )
+
+
+def cuda_shm_status_response(regions: Sequence[CudaSharedMemoryRegion]) -> Message:
+    response = service_pb2.CudaSharedMemoryStatusResponse()
+    for region in regions:
+        status = response.regions[region.name]
+        status.name, status.device_id, status.byte_size = (
+            region.name,
+            region.device_id,
+            region.byte_size,
+        )
+    return response
 
 
 def shm_status_response(regions: Sequence[SharedMemoryRegion]) -> Message:

@@ -19,6 +19,7 @@ from infermux.errors import ErrorCode, InfermuxError, InvalidArgumentError, Unsu
 from infermux.frontends.grpc import codec
 from infermux.model_config import ModelConfig
 from infermux.types import (
+    CudaSharedMemoryRegion,
     InferRequest,
     InferResponse,
     ModelMetadata,
@@ -66,8 +67,10 @@ class GrpcDataPlane(Protocol):
     def shm_register(self, name: str, key: str, offset: int, byte_size: int) -> None: ...
     def shm_unregister(self, name: str = "") -> None: ...
     def shm_status(self, name: str = "") -> list[SharedMemoryRegion]: ...
-    def cuda_shm_status(self, name: str = "") -> list[SharedMemoryRegion]: ...
-    def cuda_shm_register(self, name: str) -> None: ...
+    def cuda_shm_status(self, name: str = "") -> list[CudaSharedMemoryRegion]: ...
+    def cuda_shm_register(
+        self, name: str, raw_handle: bytes, device_id: int, byte_size: int
+    ) -> None: ...
     def cuda_shm_unregister(self, name: str = "") -> None: ...
 
 
@@ -259,16 +262,17 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         self._dp.shm_unregister(request.name)
         return service_pb2.SystemSharedMemoryUnregisterResponse()
 
-    # -- CUDA shared memory (none can be registered yet) -------------------------------------------
+    # -- CUDA shared memory -----------------------------------------------------------------------
 
     @_unary
     async def CudaSharedMemoryStatus(self, request: Message, context: Context) -> Message:
-        self._dp.cuda_shm_status(request.name)
-        return service_pb2.CudaSharedMemoryStatusResponse()
+        return codec.cuda_shm_status_response(self._dp.cuda_shm_status(request.name))
 
     @_unary
     async def CudaSharedMemoryRegister(self, request: Message, context: Context) -> Message:
-        self._dp.cuda_shm_register(request.name)
+        self._dp.cuda_shm_register(
+            request.name, request.raw_handle, request.device_id, request.byte_size
+        )
         return service_pb2.CudaSharedMemoryRegisterResponse()
 
     @_unary

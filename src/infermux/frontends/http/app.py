@@ -8,6 +8,8 @@ JSON documents in ``documents.py``, inference bodies in ``codec.py``.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import logging
 import re
 from collections.abc import Awaitable, Callable
@@ -230,12 +232,24 @@ class HttpApp:
         region, action = match.group(1) or "", match.group(2)
         if action == "status":
             request.allow("GET")
-            return Reply.json(documents.shm_status(self._dp.cuda_shm_status(region)))
+            return Reply.json(documents.cuda_shm_status(self._dp.cuda_shm_status(region)))
         request.allow("POST")
         if action == "unregister":
             self._dp.cuda_shm_unregister(region)
-        else:
-            self._dp.cuda_shm_register(region)
+            return Reply(200)
+        if not region:
+            raise HttpError(404, "Not Found")
+        doc = await request.json_object()
+        handle = doc.get("raw_handle")
+        encoded = handle.get("b64") if isinstance(handle, dict) else None
+        if not isinstance(encoded, str):
+            raise InvalidArgumentError("field 'raw_handle' must be an object {\"b64\": string}")
+        try:
+            raw = base64.b64decode(encoded, validate=True)
+        except binascii.Error:
+            raise InvalidArgumentError("field 'raw_handle.b64' is not valid base64") from None
+        device_id, byte_size = _integer(doc, "device_id", 0), _integer(doc, "byte_size", None)
+        self._dp.cuda_shm_register(region, raw, device_id, byte_size)
         return Reply(200)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from infermux.types import (
+    CudaSharedMemoryRegion,
     Duration,
     ModelMetadata,
     ModelStats,
@@ -82,3 +83,7 @@ def shm_status(regions: list[SharedMemoryRegion]) -> list[dict[str, Any]]:
         {"name": r.name, "key": r.key, "offset": r.offset, "byte_size": r.byte_size}
         for r in regions
     ]
+
+
+def cuda_shm_status(regions: list[CudaSharedMemoryRegion]) -> list[dict[str, Any]]:
+    return [{"name": r.name, "device_id": r.device_id, "byte_size": r.byte_size} for r in regions]

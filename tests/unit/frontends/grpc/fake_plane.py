@@ -12,6 +12,7 @@ import asyncio
 from infermux.errors import ErrorCode, InfermuxError, InvalidArgumentError, NotFoundError
 from infermux.model_config import ModelConfig, pb
 from infermux.types import (
+    CudaSharedMemoryRegion,
     Duration,
     InferRequest,
     InferResponse,
@@ -35,6 +36,8 @@ class FakePlane:
         self.entered = asyncio.Event()  # set when a ``gated`` request starts waiting
         self.is_ready = True
         self.regions: dict[str, SharedMemoryRegion] = {}
+        self.cuda_regions: dict[str, CudaSharedMemoryRegion] = {}
+        self.cuda_handles: dict[str, bytes] = {}
         self.loads: list[tuple[str, str | None]] = []
         self.unloads: list[str] = []
 
@@ -136,17 +139,26 @@ class FakePlane:
         else:
             self.regions.clear()
 
-    def cuda_shm_status(self, name: str = "") -> list[SharedMemoryRegion]:
-        if name:
+    def cuda_shm_status(self, name: str = "") -> list[CudaSharedMemoryRegion]:
+        if not name:
+            return list(self.cuda_regions.values())
+        if name not in self.cuda_regions:
             raise NotFoundError(f"CUDA shared memory region '{name}' is not registered")
-        return []
+        return [self.cuda_regions[name]]
 
-    def cuda_shm_register(self, name: str) -> None:
-        raise InfermuxError("CUDA shared memory is not supported", ErrorCode.UNSUPPORTED)
+    def cuda_shm_register(
+        self, name: str, raw_handle: bytes, device_id: int, byte_size: int
+    ) -> None:
+        if len(raw_handle) != 64:
+            raise InvalidArgumentError("'raw_handle' must be 64 bytes")
+        self.cuda_handles[name] = raw_handle
+        self.cuda_regions[name] = CudaSharedMemoryRegion(name, device_id, byte_size)
 
     def cuda_shm_unregister(self, name: str = "") -> None:
-        if name:
+        if name and name not in self.cuda_regions:
             raise NotFoundError(f"CUDA shared memory region '{name}' is not registered")
+        for key in [name] if name else list(self.cuda_regions):
+            del self.cuda_regions[key]
 
     def shm_status(self, name: str = "") -> list[SharedMemoryRegion]:
         if not name:

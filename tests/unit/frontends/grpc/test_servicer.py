@@ -223,13 +223,19 @@ async def test_load_config_must_be_a_string(client: Any) -> None:
     assert caught.value.details() == "parameter 'config' must be a ModelConfig JSON string"
 
 
-async def test_cuda_shared_memory_has_no_regions(client: Any) -> None:
-    # perf_analyzer unregisters all CUDA regions unconditionally: that must succeed.
-    await client.unregister_cuda_shared_memory()
+async def test_cuda_shared_memory_register_status_unregister(client: Any, plane: FakePlane) -> None:
+    handle = bytes(range(64))
+    # tritonclient sends the handle base64-encoded, as get_raw_handle() returns it.
+    await client.register_cuda_shared_memory("c", base64.b64encode(handle), 1, 256)
+    assert plane.cuda_handles["c"] == handle
     status = await client.get_cuda_shared_memory_status()
-    assert not status.regions
-    await expect_status(client.get_cuda_shared_memory_status("c"), "NOT_FOUND", "'c'")
-    handle = base64.b64encode(b"cuda-ipc-handle")
+    region = status.regions["c"]
+    assert (region.name, region.device_id, region.byte_size) == ("c", 1, 256)
+    await expect_status(client.get_cuda_shared_memory_status("d"), "NOT_FOUND", "'d'")
     await expect_status(
-        client.register_cuda_shared_memory("c", handle, 0, 16), "UNIMPLEMENTED", "not supported"
+        client.register_cuda_shared_memory("e", base64.b64encode(b"short"), 0, 16),
+        "INVALID_ARGUMENT",
+        "64 bytes",
     )
+    await client.unregister_cuda_shared_memory()
+    assert not (await client.get_cuda_shared_memory_status()).regions

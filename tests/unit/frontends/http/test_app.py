@@ -198,13 +198,29 @@ async def test_unknown_routes(client: httpx.AsyncClient) -> None:
     assert (await client.post("/v2/models/ident")).status_code == 405
 
 
-async def test_cuda_shared_memory_has_no_regions(client: httpx.AsyncClient) -> None:
-    assert (await client.get("/v2/cudasharedmemory/status")).json() == []
-    assert (await client.post("/v2/cudasharedmemory/unregister")).status_code == 200
-    assert (await client.get("/v2/cudasharedmemory/region/c/status")).status_code == 404
-    reply = await client.post("/v2/cudasharedmemory/region/c/register", json={})
+async def test_cuda_shared_memory_is_off_by_default(client: httpx.AsyncClient) -> None:
+    reply = await client.get("/v2/cudasharedmemory/status")
     assert reply.status_code == 501
-    assert "system shared memory" in reply.json()["error"]
+    assert "--allow-client-shm" in reply.json()["error"]
+    assert (await client.post("/v2/cudasharedmemory/register")).status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"device_id": 0, "byte_size": 8}, "field 'raw_handle' must be an object"),
+        ({"raw_handle": "abc", "byte_size": 8}, "field 'raw_handle' must be an object"),
+        ({"raw_handle": {"b64": "!!"}, "byte_size": 8}, "'raw_handle.b64' is not valid base64"),
+        ({"raw_handle": {"b64": "AAAA"}, "device_id": "0", "byte_size": 8}, "'device_id'"),
+        ({"raw_handle": {"b64": "AAAA"}}, "field 'byte_size' must be an integer"),
+    ],
+)
+async def test_cuda_register_body_errors_name_the_field(
+    client: httpx.AsyncClient, body: dict[str, object], message: str
+) -> None:
+    reply = await client.post("/v2/cudasharedmemory/region/c/register", json=body)
+    assert reply.status_code == 400
+    assert message in reply.json()["error"]
 
 
 async def test_system_shared_memory_is_off_by_default(client: httpx.AsyncClient) -> None:

@@ -1,0 +1,263 @@
+"""CUDA shared memory (Triton's extension): client GPU buffers shared through CUDA IPC handles.
+
+A client on the same host allocates GPU memory, exports it with ``cudaIpcGetMemHandle`` and
+registers the 64-byte handle with a device id and a size; infermux opens it once
+(``cudaIpcOpenMemHandle``). An input placed in such a region reaches a backend that reads GPU
+memory (PyTorch) as a :class:`~infermux.types.DeviceArray`, gathered device to device into the
+instance's buffers, so an image never travels through host memory. Other backends, and BYTES or
+BOOL inputs (whose contents must be parsed or checked on the host), get a host copy. Outputs are
+computed into pinned host memory today and copied host to device into the region.
+
+CUDA is reached through NVIDIA's ``cuda-python`` bindings (the ``gpu`` extra), imported when the
+first region is registered; without them, or without a GPU, registration fails with the reason.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from infermux.errors import (
+    ErrorCode,
+    InfermuxError,
+    InternalError,
+    InvalidArgumentError,
+    NotFoundError,
+    UnsupportedError,
+)
+from infermux.tensor_bytes import tensor_from_bytes, tensor_to_bytes
+from infermux.types import (
+    CudaSharedMemoryRegion,
+    DeviceArray,
+    Parameters,
+    Tensor,
+    element_count,
+    numpy_dtype,
+)
+
+from .shared_memory import check_bounds, placed, shm_reference
+
+IPC_HANDLE_SIZE = 64  # CUDA_IPC_HANDLE_SIZE
+
+DISABLED = "CUDA shared memory is disabled: start infermux serve with --allow-client-shm to use it"
+
+# Read on the device only where the bytes need no host-side parsing or checking.
+_HOST_ONLY = ("BYTES", "BOOL")
+
+
+class CudaCallError(Exception):
+    """A CUDA runtime call failed; the message names the call and CUDA's error."""
+
+
+class CudaIpc(Protocol):
+    """The CUDA calls the registry makes (a stand-in replaces it in tests without a GPU)."""
+
+    def open(self, handle: bytes, device_id: int) -> int:
+        """Map a peer's allocation; returns its device pointer in this process."""
+        ...
+
+    def close(self, pointer: int, device_id: int) -> None: ...
+
+    def to_host(self, pointer: int, target: npt.NDArray[np.generic], device_id: int) -> None:
+        """Copy ``target.nbytes`` bytes from the device into the host array ``target``."""
+        ...
+
+    def from_host(self, pointer: int, data: bytes, device_id: int) -> None: ...
+
+
+class CudaRuntime:
+    """:class:`CudaIpc` over ``cuda.bindings.runtime`` (cuda-python)."""
+
+    def __init__(self) -> None:
+        try:
+            import cuda.bindings.runtime as cudart
+        except ImportError as exc:
+            raise UnsupportedError(
+                "CUDA shared memory needs NVIDIA's cuda-python bindings: "
+                "pip install 'infermux[gpu]'"
+            ) from exc
+        self._rt: Any = cudart
+        try:
+            count = self._call("cudaGetDeviceCount")
+        except CudaCallError as exc:
+            raise UnsupportedError(f"CUDA shared memory needs a GPU: {exc}") from None
+        if not count:
+            raise UnsupportedError("CUDA shared memory needs a GPU, and CUDA sees none")
+        self.device_count = int(count)
+
+    def _call(self, function: str, *args: Any) -> Any:
+        result = getattr(self._rt, function)(*args)
+        error, values = result[0], result[1:]
+        if error != self._rt.cudaError_t.cudaSuccess:
+            _, name = self._rt.cudaGetErrorName(error)
+            raise CudaCallError(f"{function} failed: {name.decode()}")
+        return values[0] if len(values) == 1 else None
+
+    def open(self, handle: bytes, device_id: int) -> int:
+        self._call("cudaSetDevice", device_id)
+        ipc_handle = self._rt.cudaIpcMemHandle_t()
+        # cuda-bindings 13 exposes the handle only through the address of its 64-byte struct.
+        ctypes.memmove(ipc_handle.getPtr(), handle, IPC_HANDLE_SIZE)
+        flags = self._rt.cudaIpcMemLazyEnablePeerAccess
+        return int(self._call("cudaIpcOpenMemHandle", ipc_handle, flags))
+
+    def close(self, pointer: int, device_id: int) -> None:
+        self._call("cudaSetDevice", device_id)
+        self._call("cudaIpcCloseMemHandle", pointer)
+
+    def to_host(self, pointer: int, target: npt.NDArray[np.generic], device_id: int) -> None:
+        self._call("cudaSetDevice", device_id)
+        kind = self._rt.cudaMemcpyKind.cudaMemcpyDeviceToHost
+        self._call("cudaMemcpy", target.ctypes.data, pointer, target.nbytes, kind)
+
+    def from_host(self, pointer: int, data: bytes, device_id: int) -> None:
+        self._call("cudaSetDevice", device_id)
+        source = np.frombuffer(data, dtype=np.uint8)
+        kind = self._rt.cudaMemcpyKind.cudaMemcpyHostToDevice
+        self._call("cudaMemcpy", pointer, source.ctypes.data, len(data), kind)
+
+
+class _Region:
+    """An opened region. Arrays read from it hold it; the handle is closed when the region is
+    unregistered *and* no array in flight refers to it any more."""
+
+    def __init__(self, info: CudaSharedMemoryRegion, pointer: int, ipc: CudaIpc) -> None:
+        self.info = info
+        self.pointer = pointer
+        self.closer = weakref.finalize(self, ipc.close, pointer, info.device_id)
+
+
+class CudaSharedMemoryRegistry:
+    """The CUDA regions clients registered, by name."""
+
+    def __init__(self, *, enabled: bool, ipc: Callable[[], CudaIpc] = CudaRuntime) -> None:
+        self.enabled = enabled
+        self._make_ipc = ipc
+        self._ipc: CudaIpc | None = None
+        self._lock = threading.Lock()
+        self._regions: dict[str, _Region] = {}
+
+    def _check_enabled(self) -> None:
+        if not self.enabled:
+            raise UnsupportedError(DISABLED)
+
+    def _runtime(self) -> CudaIpc:
+        with self._lock:
+            if self._ipc is None:
+                self._ipc = self._make_ipc()
+            return self._ipc
+
+    def has(self, name: str) -> bool:
+        return name in self._regions
+
+    def register(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
+        """Open the allocation ``raw_handle`` exports on GPU ``device_id`` as region ``name``."""
+        self._check_enabled()
+        if not name:
+            raise InvalidArgumentError("CUDA shared memory region 'name' must not be empty")
+        if name in self._regions:
+            raise InfermuxError(
+                f"shared memory region '{name}' is already registered", ErrorCode.ALREADY_EXISTS
+            )
+        if len(raw_handle) != IPC_HANDLE_SIZE:
+            raise InvalidArgumentError(
+                f"CUDA shared memory region '{name}': 'raw_handle' must be the "
+                f"{IPC_HANDLE_SIZE} bytes of a cudaIpcMemHandle_t, got {len(raw_handle)} bytes"
+            )
+        if device_id < 0 or byte_size <= 0:
+            raise InvalidArgumentError(
+                f"CUDA shared memory region '{name}': 'device_id' must be >= 0 and 'byte_size' "
+                f"> 0, got device_id {device_id} and byte_size {byte_size}"
+            )
+        ipc = self._runtime()
+        count = getattr(ipc, "device_count", None)
+        if count is not None and device_id >= count:
+            raise InvalidArgumentError(
+                f"CUDA shared memory region '{name}': 'device_id' {device_id} does not exist "
+                f"(CUDA sees {count} device(s))"
+            )
+        try:
+            pointer = ipc.open(raw_handle, device_id)
+        except CudaCallError as exc:
+            raise InvalidArgumentError(
+                f"CUDA shared memory region '{name}': cannot open the IPC handle on device "
+                f"{device_id}: {exc}"
+            ) from None
+        info = CudaSharedMemoryRegion(name, device_id, byte_size)
+        self._regions[name] = _Region(info, pointer, ipc)
+
+    def unregister(self, name: str = "") -> None:
+        """Forget region ``name`` (every region when ``name`` is "")."""
+        self._check_enabled()
+        if name and name not in self._regions:
+            raise NotFoundError(f"CUDA shared memory region '{name}' is not registered")
+        for key in [name] if name else list(self._regions):
+            del self._regions[key]  # closed once no request in flight holds it
+
+    def status(self, name: str = "") -> list[CudaSharedMemoryRegion]:
+        self._check_enabled()
+        if name:
+            if name not in self._regions:
+                raise NotFoundError(f"CUDA shared memory region '{name}' is not registered")
+            return [self._regions[name].info]
+        return [r.info for r in self._regions.values()]
+
+    def close(self) -> None:
+        """Close every handle now (server shutdown: nothing is in flight any more)."""
+        regions = list(self._regions.values())
+        self._regions.clear()
+        for region in regions:
+            region.closer()
+
+    def read(self, tensor: Tensor, *, on_device: bool) -> DeviceArray | npt.NDArray[np.generic]:
+        """An input placed in a CUDA region: a device view when ``on_device`` (and the datatype
+        allows), else a host copy."""
+        what = f"input '{tensor.name}'"
+        region, start, size = self._slice(what, tensor.parameters)
+        if on_device and tensor.datatype not in _HOST_ONLY:
+            dtype = numpy_dtype(tensor.datatype)
+            expected = element_count(tensor.shape) * dtype.itemsize
+            if size != expected:
+                raise InvalidArgumentError(
+                    f"{what}: its shared memory byte size is {size} but shape "
+                    f"{list(tensor.shape)} of {tensor.datatype} needs {expected} bytes"
+                )
+            return DeviceArray(start, tensor.shape, dtype, region.info.device_id, region)
+        raw = np.empty(size, dtype=np.uint8)
+        try:
+            self._runtime().to_host(start, raw, region.info.device_id)
+        except CudaCallError as exc:
+            raise InternalError(f"{what}: cannot read region '{region.info.name}': {exc}") from None
+        return tensor_from_bytes(tensor.name, tensor.datatype, tensor.shape, raw.tobytes())
+
+    def write(self, tensor: Tensor, parameters: Parameters) -> Tensor:
+        """Copy an output into the CUDA region its parameters name."""
+        what = f"output '{tensor.name}'"
+        region, start, size = self._slice(what, parameters)
+        raw = tensor_to_bytes(tensor.datatype, tensor.data)
+        if len(raw) > size:
+            raise InvalidArgumentError(
+                f"{what} needs {len(raw)} bytes but its shared memory byte size is {size}"
+            )
+        try:
+            self._runtime().from_host(start, raw, region.info.device_id)
+        except CudaCallError as exc:
+            raise InternalError(
+                f"{what}: cannot write region '{region.info.name}': {exc}"
+            ) from None
+        return placed(tensor, parameters, len(raw))
+
+    def _slice(self, what: str, parameters: Parameters) -> tuple[_Region, int, int]:
+        self._check_enabled()
+        name, offset, size = shm_reference(what, parameters)
+        region = self._regions.get(name)
+        if region is None:
+            raise InvalidArgumentError(f"{what}: shared memory region '{name}' is not registered")
+        check_bounds(what, name, offset, size, region.info.byte_size)
+        return region, region.pointer + offset, size
