@@ -258,11 +258,12 @@ class DeviceArray:
 
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]:
-        # Version 3 without a stream: the client synchronised before it sent the request.
+        # Version 3 without a stream: the client synchronised before it sent the request. Not
+        # marked read-only, which torch refuses; infermux only ever copies out of it.
         return {
             "shape": self.shape,
             "typestr": self.dtype.str,
-            "data": (self.pointer, True),
+            "data": (self.pointer, False),
             "version": 3,
             "strides": None,
         }

@@ -116,7 +116,7 @@ def test_tritonclient_cuda_shared_memory_round_trip(server: ServerProcess, proto
         result = client.infer("wide", [infer_input], outputs=[output])
         meta = result.get_output("OUTPUT__0")
         shape = meta.shape if protocol == "grpc" else meta["shape"]
-        answer = cudashm.get_contents_as_numpy(outputs_region, "FP32", list(shape))
+        answer = cudashm.get_contents_as_numpy(outputs_region, np.float32, list(shape))
         np.testing.assert_allclose(answer, expected, rtol=1e-4, atol=1e-5)
     finally:
         client.unregister_cuda_shared_memory()

@@ -171,7 +171,7 @@ def test_device_reads_are_views_and_host_reads_are_copies(
     )
     interface = view.__cuda_array_interface__
     assert (interface["data"], interface["typestr"], interface["shape"]) == (
-        (0x10000 + 16, True),
+        (0x10000 + 16, False),
         "<f4",
         (2, 2),
     )
