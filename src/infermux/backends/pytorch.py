@@ -324,7 +324,9 @@ def _load_torchscript(path: str, device: torch.device) -> Callable[..., Any]:
     # TorchScript is what Triton's pytorch_libtorch platform means, so PyTorch's deprecation
     # warning (2.10+) is addressed to us, not to whoever serves the model. A targeted, permanent
     # filter rather than catch_warnings(), which is not thread-safe (instances load on threads).
-    warnings.filterwarnings("ignore", message=r"`torch\.jit\.load` is", category=DeprecationWarning)
+    # (A DeprecationWarning in torch 2.10-2.13, a FutureWarning from 2.14.)
+    for category in (DeprecationWarning, FutureWarning):
+        warnings.filterwarnings("ignore", message=r"`torch\.jit\.load` is", category=category)
     jit_load: Callable[..., torch.jit.ScriptModule] = torch.jit.load  # has no annotations
     model = jit_load(path, map_location=device)
     model.eval()
