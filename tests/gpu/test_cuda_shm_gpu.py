@@ -82,9 +82,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
         warnings.simplefilter("ignore", DeprecationWarning)
         scripted: torch.jit.ScriptModule = torch.jit.script(Wide().eval())
         scripted.save(str(repo / "wide" / "1" / "model.pt"))
-    server = start_server("--model-repository", str(repo), "--allow-client-shm", "true")
-    yield server
-    server.stop()
+    with start_server("--model-repository", str(repo), "--allow-client-shm", "true") as server:
+        yield server
+        server.stop()
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "http"])
