@@ -96,7 +96,13 @@ def example_inputs(spec: ModelSpec, batch: int, seed: int) -> tuple[torch.Tensor
 
 
 def config_text(
-    spec: ModelSpec, *, device: str, instances: int, queue_delay_us: int, cuda_graphs: bool
+    spec: ModelSpec,
+    *,
+    device: str,
+    instances: int,
+    queue_delay_us: int,
+    cuda_graphs: bool,
+    gpus: str = "",
 ) -> str:
     def tensor(name: str, config_type: str, dims: tuple[int, ...]) -> str:
         return (
@@ -106,6 +112,8 @@ def config_text(
     inputs = ",\n  ".join(tensor(t.name, t.config_type, t.dims) for t in spec.inputs)
     out = spec.output
     kind = "KIND_GPU" if device == "cuda" else "KIND_CPU"
+    # count instances on *each* listed GPU, as in Triton
+    placement = f", gpus: [ {gpus} ]" if gpus and device == "cuda" else ""
     text = (
         f'name: "{spec.name}"\n'
         'platform: "pytorch_libtorch"\n'
@@ -113,7 +121,7 @@ def config_text(
         f"input [\n  {inputs}\n]\n"
         f"output [\n  {tensor(out.name, out.config_type, out.dims)}\n]\n"
         f"dynamic_batching {{ max_queue_delay_microseconds: {queue_delay_us} }}\n"
-        f"instance_group [ {{ count: {instances}, kind: {kind} }} ]\n"
+        f"instance_group [ {{ count: {instances}, kind: {kind}{placement} }} ]\n"
     )
     if cuda_graphs:
         text += "optimization { cuda { graphs: true } }\n"
@@ -136,6 +144,7 @@ def export(
     instances: int,
     queue_delay_us: int,
     cuda_graphs: bool,
+    gpus: str = "",
 ) -> Exported:
     """Trace on the serving device (tracing bakes device-side constants, such as BERT's mask
     fill, on the device it ran on; ``map_location`` does not move them) and write the folder."""
@@ -159,6 +168,7 @@ def export(
             instances=instances,
             queue_delay_us=queue_delay_us,
             cuda_graphs=cuda_graphs,
+            gpus=gpus,
         )
     )
     return Exported(model_file, config_file, error)

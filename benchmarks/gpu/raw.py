@@ -204,6 +204,7 @@ def main() -> None:
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--tiny", action="store_true")
     parser.add_argument("--instances", type=int, default=4)
+    parser.add_argument("--gpus", default="", help="instance_group gpus, e.g. 0,1")
     parser.add_argument("--queue-delay-us", type=int, default=500)
     parser.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--streams", type=int, default=4)
@@ -223,6 +224,7 @@ def main() -> None:
         tiny=args.tiny,
         device=args.device,
         instances=args.instances,
+        gpus=args.gpus,
         queue_delay_us=args.queue_delay_us,
         cuda_graphs=args.cuda_graphs,
     )

@@ -141,6 +141,8 @@ class Bench:
             args.device,
             "--instances",
             str(args.instances),
+            "--gpus",
+            args.gpus,
             "--queue-delay-us",
             str(args.queue_delay_us),
             "--streams",
@@ -380,6 +382,9 @@ def parse_args() -> argparse.Namespace:
         help="infermux's protocols (the peers always use their JSON route)",
     )
     p.add_argument("--instances", type=int, default=4, help="infermux instance_group count")
+    p.add_argument(
+        "--gpus", default="", help="instance_group gpus (e.g. 0,1: --instances on each GPU)"
+    )
     p.add_argument("--queue-delay-us", type=int, default=500, help="max_queue_delay_microseconds")
     p.add_argument(
         "--cuda-graphs",

@@ -1,0 +1,66 @@
+"""Instances placed on two GPUs (`count: 2, kind: KIND_GPU, gpus: [ 0, 1 ]`): the weights
+load once per GPU, each instance runs on its own GPU's streams, answers agree."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from infermux.backends.pytorch import PyTorchBackend, PyTorchInstance
+from infermux.repository import load_model_config
+from infermux.repository.loader import _create_instances
+from infermux.runtime import WEIGHTS, total_by_device
+from infermux.runtime.memory import instance_memory
+from tests.gpu.torch_models import Wide, close, load, rows, run, write
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(
+        not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 GPUs"
+    ),
+]
+
+TWO_GPUS = "optimization { cuda { graphs: true } }\n"
+
+
+def test_two_instances_on_each_of_two_gpus(tmp_path: Path) -> None:
+    model = Wide()
+    one_copy = sum(p.numel() * p.element_size() for p in model.parameters())
+    model_dir = write(tmp_path, model, TWO_GPUS)
+    text = (model_dir / "config.pbtxt").read_text()
+    (model_dir / "config.pbtxt").write_text(
+        text.replace(
+            "instance_group [ { kind: KIND_GPU, count: 1 } ]",
+            "instance_group [ { kind: KIND_GPU, count: 2, gpus: [ 0, 1 ] } ]",
+        )
+    )
+    config = load_model_config(model_dir)
+    torch.cuda.synchronize(0)
+    torch.cuda.synchronize(1)
+    before = [torch.cuda.memory_allocated(d) for d in (0, 1)]
+    created = _create_instances(PyTorchBackend().load, config, model_dir, 1)
+    instances = [i for i in created if isinstance(i, PyTorchInstance)]
+    (cpu,) = load(model_dir, "cpu", 1)
+    try:
+        assert len(instances) == 4
+        devices = [i.stream.device.index for i in instances if i.stream is not None]
+        assert sorted(devices) == [0, 0, 1, 1]
+        assert len({i.stream.cuda_stream for i in instances if i.stream is not None}) == 4
+        held = [key for key in WEIGHTS.held() if key[0].startswith(str(tmp_path))]
+        assert sorted(key[2] for key in held) == ["cuda:0", "cuda:1"]
+        for device in (0, 1):
+            grown = torch.cuda.memory_allocated(device) - before[device]
+            assert one_copy * 0.9 < grown < one_copy * 1.5, (device, grown, one_copy)
+        totals = {(m.type, m.id): m.byte_size for m in total_by_device(instance_memory(instances))}
+        assert set(totals) >= {("GPU", 0), ("GPU", 1)}
+        for n in (1, 3, 8):
+            x = rows(n, n)
+            expected = run(cpu, x)
+            for instance in instances:
+                np.testing.assert_allclose(run(instance, x), expected, rtol=1e-3, atol=1e-4)
+        assert all(i.gpu is not None and i.gpu.replays == 3 for i in instances)
+    finally:
+        close([*instances, cpu])
