@@ -14,13 +14,11 @@ answers ``None`` when nothing fits, so the caller can wait or refuse the request
 
 from __future__ import annotations
 
-import _posixshmem  # type: ignore[import-not-found]  # CPython's shm_open, as shared_memory uses
 import collections
-import mmap
-import os
 import threading
 from dataclasses import dataclass, field
-from multiprocessing import shared_memory
+
+from infermux.ipc.segment import Segment
 
 ALIGNMENT = 64
 """Every block starts on a cache line (and suits any dtype's alignment)."""
@@ -48,14 +46,7 @@ class Arena:
         if size < ALIGNMENT:
             raise ValueError(f"an arena needs at least {ALIGNMENT} bytes, got {size}")
         self.size = size - size % ALIGNMENT
-        # The creator registers the segment with multiprocessing's resource tracker, which
-        # unlinks it if this process dies without closing it.
-        self._shm: shared_memory.SharedMemory | None = shared_memory.SharedMemory(
-            name=name, create=True, size=self.size
-        )
-        self._name = self._shm.name
-        self._map: mmap.mmap | None = None
-        self._buf: memoryview | None = self._shm.buf
+        self._segment = Segment(self.size, name=name)
         self._owner = True
         self._lock = threading.Lock()
         self._live: collections.deque[Block] = collections.deque()
@@ -66,18 +57,8 @@ class Arena:
     def attach(cls, name: str) -> Arena:
         """Map an arena another process created (read and write; never allocate from it)."""
         arena = cls.__new__(cls)
-        # Mapped directly, not through SharedMemory: before Python 3.13 an attaching
-        # SharedMemory registers the segment with this process's resource tracker, which would
-        # unlink the creator's arena when this process exits.
-        fd = _posixshmem.shm_open("/" + name.lstrip("/"), os.O_RDWR, mode=0o600)
-        try:
-            arena.size = os.fstat(fd).st_size
-            arena._map = mmap.mmap(fd, arena.size)
-        finally:
-            os.close(fd)
-        arena._shm = None
-        arena._name = name
-        arena._buf = memoryview(arena._map)
+        arena._segment = Segment.attach(name)
+        arena.size = arena._segment.size
         arena._owner = False
         arena._lock = threading.Lock()
         arena._live = collections.deque()
@@ -86,7 +67,7 @@ class Arena:
 
     @property
     def name(self) -> str:
-        return self._name
+        return self._segment.name
 
     @property
     def used(self) -> int:
@@ -99,9 +80,7 @@ class Arena:
             raise ValueError(
                 f"bytes [{offset}, {offset + size}) are outside the arena's {self.size} bytes"
             )
-        if self._buf is None:
-            raise ValueError("the arena is closed")
-        return self._buf[offset : offset + size]
+        return self._segment.buf[offset : offset + size]
 
     def allocate(self, size: int) -> Block | None:
         """A block of ``size`` bytes, or None when the arena has no room for it now."""
@@ -149,11 +128,4 @@ class Arena:
     def close(self) -> None:
         """Unmap the arena (views handed out must be released first); the creator also removes
         the shared-memory object."""
-        if self._buf is not None:
-            self._buf.release()
-            self._buf = None
-        if self._map is not None:
-            self._map.close()
-        if self._shm is not None:
-            self._shm.close()
-            self._shm.unlink()
+        self._segment.close()

@@ -1,0 +1,126 @@
+"""The header ring: frames come out whole and in order across every wrap-around, a full ring
+refuses without writing, producers in other processes (one ring each) reach one consumer."""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+from collections import deque
+from collections.abc import Iterator
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from infermux.ipc.ring import META, ORDERED_STORES, Doorbell, FrameRing
+
+pytestmark = pytest.mark.skipif(not ORDERED_STORES, reason="the ring runs on x86-64 only")
+
+
+@pytest.fixture
+def ring() -> Iterator[FrameRing]:
+    ring = FrameRing.create(META + 256)
+    yield ring
+    ring.close()
+
+
+def test_frames_come_out_in_order(ring: FrameRing) -> None:
+    assert ring.take() == []
+    assert ring.put(b"one")
+    assert ring.put(b"")
+    assert ring.put(b"three")
+    assert ring.take() == [b"one", b"", b"three"]
+    assert ring.take() == []
+
+
+def test_a_full_ring_refuses_and_recovers(ring: FrameRing) -> None:
+    frame = bytes(60)  # 64 bytes with its length: four fill the 256-byte data area
+    assert all(ring.put(frame) for _ in range(4))
+    assert not ring.put(b"x")
+    assert ring.take() == [frame] * 4
+    assert ring.put(b"x")
+    with pytest.raises(ValueError, match="exceeds the ring's 252"):
+        ring.put(bytes(253))
+
+
+def test_a_frame_that_would_cross_the_end_starts_over(ring: FrameRing) -> None:
+    assert ring.put(bytes(200))  # ends at byte 204 of 256
+    assert ring.take() == [bytes(200)]
+    assert ring.put(b"a" * 60)  # 52 bytes left at the end: wrap marker, frame at 0
+    assert ring.take() == [b"a" * 60]
+    assert ring.put(b"b" * 180)
+    assert ring.put(b"c" * 6)  # lands 2 bytes short of the end: skipped without a marker
+    assert ring.put(b"d")
+    assert ring.take() == [b"b" * 180, b"c" * 6, b"d"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.integers(0, 120), st.none()), max_size=200))
+def test_random_traffic_matches_a_queue(steps: list[int | None]) -> None:
+    ring = FrameRing.create(META + 256)
+    try:
+        expected: deque[bytes] = deque()
+        for n, step in enumerate(steps):
+            if step is None:
+                got = ring.take()
+                assert got == [expected.popleft() for _ in range(len(got))]
+                assert not expected
+            else:
+                frame = bytes([n % 256]) * step
+                if ring.put(frame):
+                    expected.append(frame)
+                else:  # refused only when it really does not fit behind what is queued
+                    assert expected
+        assert ring.take() == list(expected)
+    finally:
+        ring.close()
+
+
+def test_the_doorbell_wakes_once_per_clear() -> None:
+    import select
+
+    bell = Doorbell()
+    try:
+        assert select.select([bell], [], [], 0)[0] == []
+        bell.ring()
+        bell.ring()
+        assert select.select([bell], [], [], 1)[0] == [bell]
+        bell.clear()
+        assert select.select([bell], [], [], 0)[0] == []
+        bell.clear()  # nothing to clear: no error
+    finally:
+        bell.close()
+
+
+def _produce(name: str, producer: int, count: int) -> None:
+    ring = FrameRing.attach(name)
+    for i in range(count):
+        frame = f"{producer}:{i}".encode() * (1 + i % 7)
+        while not ring.put(frame):
+            time.sleep(0)
+    ring.segment.close()
+
+
+def test_producers_in_other_processes_each_with_a_ring() -> None:
+    count = 2000
+    rings = [FrameRing.create(META + 1024) for _ in range(2)]
+    context = multiprocessing.get_context("spawn")
+    processes = [
+        context.Process(target=_produce, args=(ring.name, p, count)) for p, ring in enumerate(rings)
+    ]
+    try:
+        for process in processes:
+            process.start()
+        received: list[list[bytes]] = [[], []]
+        deadline = time.monotonic() + 60
+        while sum(map(len, received)) < 2 * count and time.monotonic() < deadline:
+            for p, ring in enumerate(rings):
+                received[p].extend(ring.take())
+        for p in range(2):
+            assert received[p] == [f"{p}:{i}".encode() * (1 + i % 7) for i in range(count)]
+    finally:
+        for process in processes:
+            process.join(30)
+        for ring in rings:
+            ring.close()
+    assert [process.exitcode for process in processes] == [0, 0]
