@@ -16,6 +16,7 @@ larger batch, other shapes, an optional input left out) runs eagerly.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -257,10 +258,7 @@ def _shape(bucket: GraphBucket, dims: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def _numel(bucket: GraphBucket, dims: tuple[int, ...]) -> int:
-    count = 1
-    for d in _shape(bucket, dims):
-        count *= d
-    return count
+    return math.prod(_shape(bucket, dims))
 
 
 def _pool_bytes(pool: Any) -> int:

@@ -10,6 +10,7 @@ torch's caching host allocator, the process's pinned-memory pool.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -37,31 +38,17 @@ class StagingBuffers:
     def reserve(self, inputs: dict[str, int], outputs: dict[str, int], device: bool) -> None:
         """Allocate buffers of these byte sizes now (at load), not on the first batch; device
         input buffers too unless ``device`` is False (graphs bring their own)."""
-        import torch
-
         for name, size in inputs.items():
             _grow(self._pinned_in, name, size, _pinned)
             if device:
-                _grow(
-                    self._device_in,
-                    name,
-                    size,
-                    lambda n: torch.empty(n, dtype=torch.uint8, device=self.device),
-                )
+                self._device_input(name, size)
         for name, size in outputs.items():
             _grow(self._pinned_out, name, size, _pinned)
 
     def upload(self, name: str, array: npt.NDArray[Any], dtype: torch.dtype) -> torch.Tensor:
         """``array`` on the device as ``dtype`` (same item size): written into the pinned buffer,
         then copied to the device asynchronously on the current stream."""
-        import torch
-
-        gpu = _grow(
-            self._device_in,
-            name,
-            array.nbytes,
-            lambda n: torch.empty(n, dtype=torch.uint8, device=self.device),
-        )
+        gpu = self._device_input(name, array.nbytes)
         target = gpu[: array.nbytes].view(dtype).view(array.shape)
         self.upload_into(name, array, target)
         return target
@@ -69,19 +56,20 @@ class StagingBuffers:
     def device_buffer(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         """The device input buffer ``name`` as a ``shape`` tensor of ``dtype`` (contents left
         as they are: the caller fills it)."""
+        size = math.prod(shape) * dtype.itemsize
+        gpu = self._device_input(name, size)
+        return gpu[:size].view(dtype).view(shape)
+
+    def _device_input(self, name: str, size: int) -> torch.Tensor:
+        """The device input buffer ``name``, grown to ``size`` bytes when smaller."""
         import torch
 
-        count = 1
-        for d in shape:
-            count *= d
-        size = count * torch.empty((), dtype=dtype).element_size()
-        gpu = _grow(
+        return _grow(
             self._device_in,
             name,
             size,
             lambda n: torch.empty(n, dtype=torch.uint8, device=self.device),
         )
-        return gpu[:size].view(dtype).view(shape)
 
     def upload_into(self, name: str, array: npt.NDArray[Any], target: torch.Tensor) -> None:
         """Copy ``array`` into the first rows of the device tensor ``target`` (e.g. a CUDA graph's
