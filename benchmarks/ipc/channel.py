@@ -6,10 +6,9 @@ themselves stay in the shared-memory arena):
 - ``socketpair``: asyncio streams on both ends, 4-byte length-prefixed frames;
 - ``mp_pipe``: ``multiprocessing.Pipe`` (send_bytes/recv_bytes), the reading end watched by the
   event loop (``add_reader``);
-- ``shm_ring``: a single-producer single-consumer ring in shared memory, one per direction,
-  with an ``eventfd`` wake-up written for every frame (the consumer drains everything available
-  per wake-up). x86's store ordering makes "write the frame, then publish the tail" safe without
-  explicit fences; other architectures would need them.
+- ``shm_ring``: infermux's own :class:`infermux.ipc.FrameRing`, one per direction, with a
+  :class:`infermux.ipc.Doorbell` (eventfd) rung for every frame (the consumer drains everything
+  available per wake-up).
 
 and, in-process, the header codecs: msgspec (msgpack, typed Struct), orjson (dict), pickle
 (dict, for reference only: infermux never unpickles what a client sent).
@@ -34,12 +33,14 @@ import statistics
 import struct
 import sys
 import time
-from multiprocessing import connection, shared_memory
+from multiprocessing import connection
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import orjson
+
+from infermux.ipc import Doorbell, FrameRing
 
 HEADER = {
     "id": "req-000123",
@@ -116,57 +117,6 @@ def codecs(n: int) -> dict[str, dict[str, float]]:
     return out
 
 
-# --------------------------------------------------------------------------- shm ring
-class Ring:
-    """SPSC ring: [head u64][tail u64] then data; frames are u32 length + payload, a length of
-    0xFFFFFFFF means "wrap to the start"."""
-
-    META = 64
-
-    def __init__(self, shm: shared_memory.SharedMemory) -> None:
-        self.shm = shm
-        self.buf = shm.buf
-        assert self.buf is not None
-        self.cap = shm.size - self.META
-
-    def _get(self, at: int) -> int:
-        return int(struct.unpack_from("<Q", self.buf, at)[0])  # type: ignore[arg-type]
-
-    def _set(self, at: int, value: int) -> None:
-        struct.pack_into("<Q", self.buf, at, value)  # type: ignore[arg-type]
-
-    def put(self, payload: bytes) -> bool:
-        head, tail = self._get(0), self._get(8)
-        need = 4 + len(payload)
-        pos = tail % self.cap
-        if pos + need > self.cap:  # wrap: mark and restart at 0
-            if tail + (self.cap - pos) + need - head > self.cap:
-                return False
-            struct.pack_into("<I", self.buf, self.META + pos, 0xFFFFFFFF)  # type: ignore[arg-type]
-            tail += self.cap - pos
-            pos = 0
-        if tail + need - head > self.cap:
-            return False
-        struct.pack_into("<I", self.buf, self.META + pos, len(payload))  # type: ignore[arg-type]
-        self.buf[self.META + pos + 4 : self.META + pos + need] = payload  # type: ignore[index]
-        self._set(8, tail + need)  # publish after the frame is written (x86: stores in order)
-        return True
-
-    def take_all(self) -> list[bytes]:
-        head, tail = self._get(0), self._get(8)
-        frames = []
-        while head < tail:
-            pos = head % self.cap
-            (length,) = struct.unpack_from("<I", self.buf, self.META + pos)  # type: ignore[arg-type]
-            if length == 0xFFFFFFFF:
-                head += self.cap - pos
-                continue
-            frames.append(bytes(self.buf[self.META + pos + 4 : self.META + pos + 4 + length]))  # type: ignore[index]
-            head += 4 + length
-        self._set(0, head)
-        return frames
-
-
 # --------------------------------------------------------------------------- echo servers
 def echo_socketpair(sock: socket.socket) -> None:
     async def main() -> None:
@@ -190,34 +140,27 @@ def echo_pipe(conn: connection.Connection) -> None:
             return
 
 
-def echo_ring(names: tuple[str, str], fds: tuple[int, int]) -> None:
-    inbound = Ring(
-        shared_memory.SharedMemory(name=names[0], track=False)
-        if sys.version_info >= (3, 13)
-        else shared_memory.SharedMemory(name=names[0])
-    )
-    outbound = Ring(
-        shared_memory.SharedMemory(name=names[1], track=False)
-        if sys.version_info >= (3, 13)
-        else shared_memory.SharedMemory(name=names[1])
-    )
-    wake_in, wake_out = fds
+def echo_ring(rings: tuple[FrameRing, FrameRing], bells: tuple[Doorbell, Doorbell]) -> None:
+    # A forked child: the rings' mappings and the doorbells' eventfds are inherited. It never
+    # closes the rings, whose segments the parent owns and unlinks.
+    inbound, outbound = rings
+    wake_in, wake_out = bells
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
         stop = loop.create_future()
 
         def ready() -> None:
-            os.eventfd_read(wake_in)
-            for frame in inbound.take_all():
+            wake_in.clear()
+            for frame in inbound.take():
                 if frame == b"":
                     stop.set_result(None)
                     return
                 while not outbound.put(frame):
                     pass
-                os.eventfd_write(wake_out, 1)
+                wake_out.ring()
 
-        loop.add_reader(wake_in, ready)
+        loop.add_reader(wake_in.fileno(), ready)
         await stop
 
     asyncio.run(main())
@@ -323,49 +266,50 @@ async def _client_pipe(
 
 
 def run_ring(frames: int, in_flight: int, payload: bytes) -> dict[str, float]:
-    size = 1 << 20
-    to_echo = shared_memory.SharedMemory(create=True, size=size)
-    from_echo = shared_memory.SharedMemory(create=True, size=size)
-    wake_echo, wake_me = os.eventfd(0), os.eventfd(0)
+    rings = (FrameRing.create(1 << 20), FrameRing.create(1 << 20))  # to the echo, back
+    bells = (Doorbell(), Doorbell())
     process = multiprocessing.get_context("fork").Process(
-        target=echo_ring, args=((to_echo.name, from_echo.name), (wake_echo, wake_me)), daemon=True
+        target=echo_ring, args=(rings, bells), daemon=True
     )
     process.start()
     import uvloop
 
-    rings = (Ring(to_echo), Ring(from_echo))
-    result = uvloop.run(_client_ring(rings, (wake_echo, wake_me), frames, in_flight, payload))
+    result = uvloop.run(_client_ring(rings, bells, frames, in_flight, payload))
     process.join(10)
-    del rings
-    for shm in (to_echo, from_echo):
-        shm.close()
-        shm.unlink()
+    for ring in rings:
+        ring.close()
+    for bell in bells:
+        bell.close()
     return result
 
 
 async def _client_ring(
-    rings: tuple[Ring, Ring], fds: tuple[int, int], frames: int, in_flight: int, payload: bytes
+    rings: tuple[FrameRing, FrameRing],
+    bells: tuple[Doorbell, Doorbell],
+    frames: int,
+    in_flight: int,
+    payload: bytes,
 ) -> dict[str, float]:
     out_ring, in_ring = rings
-    wake_echo, wake_me = fds
+    wake_echo, wake_me = bells
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[bytes] = asyncio.Queue()
 
     def readable() -> None:
-        os.eventfd_read(wake_me)
-        for frame in in_ring.take_all():
+        wake_me.clear()
+        for frame in in_ring.take():
             queue.put_nowait(frame)
 
-    loop.add_reader(wake_me, readable)
+    loop.add_reader(wake_me.fileno(), readable)
 
     def send(data: bytes) -> None:
         while not out_ring.put(data):
             pass
-        os.eventfd_write(wake_echo, 1)
+        wake_echo.ring()
 
     result = await drive(send, queue.get, frames, in_flight, payload)
     send(b"")
-    loop.remove_reader(wake_me)
+    loop.remove_reader(wake_me.fileno())
     return result
 
 
