@@ -64,7 +64,7 @@ class DataPlane:
         """The server process is up and able to answer."""
         return True
 
-    def ready(self) -> bool:
+    async def ready(self) -> bool:
         """Ready for inference: not shutting down and, with strict readiness, every model ready."""
         if self._shutting_down:
             return False
@@ -77,13 +77,13 @@ class DataPlane:
     def server_metadata(self) -> ServerMetadata:
         return self._metadata
 
-    def model_ready(self, name: str, version: str = "") -> bool:
+    async def model_ready(self, name: str, version: str = "") -> bool:
         return self._repository.is_ready(name, version)
 
-    def model_config(self, name: str, version: str = "") -> ModelConfig:
+    async def model_config(self, name: str, version: str = "") -> ModelConfig:
         return self._repository.get(name, version).config
 
-    def model_metadata(self, name: str, version: str = "") -> ModelMetadata:
+    async def model_metadata(self, name: str, version: str = "") -> ModelMetadata:
         config = self._repository.get(name, version).config
         versions = self._repository.ready_versions(name)
         if version:
@@ -157,7 +157,7 @@ class DataPlane:
 
     # -- statistics -------------------------------------------------------------------------------
 
-    def model_statistics(self, name: str = "", version: str = "") -> list[ModelStats]:
+    async def model_statistics(self, name: str = "", version: str = "") -> list[ModelStats]:
         """Statistics of every served version of ``name`` (of every model when ``name`` is "")."""
         if not name:
             if version:
@@ -172,19 +172,19 @@ class DataPlane:
 
     # -- system shared memory ---------------------------------------------------------------------
 
-    def shm_register(self, name: str, key: str, offset: int, byte_size: int) -> None:
+    async def shm_register(self, name: str, key: str, offset: int, byte_size: int) -> None:
         self._check_free(name, self._cuda.has(name))
         self._shm.register(name, key, offset, byte_size)
 
-    def shm_unregister(self, name: str = "") -> None:
+    async def shm_unregister(self, name: str = "") -> None:
         self._shm.unregister(name)
 
-    def shm_status(self, name: str = "") -> list[SharedMemoryRegion]:
+    async def shm_status(self, name: str = "") -> list[SharedMemoryRegion]:
         return self._shm.status(name)
 
     # -- CUDA shared memory -----------------------------------------------------------------------
 
-    def cuda_shm_register(
+    async def cuda_shm_register(
         self, name: str, raw_handle: bytes, device_id: int, byte_size: int
     ) -> None:
         self._check_free(name, self._shm.has(name))
@@ -198,10 +198,10 @@ class DataPlane:
                 f"shared memory region '{name}' is already registered", ErrorCode.ALREADY_EXISTS
             )
 
-    def cuda_shm_unregister(self, name: str = "") -> None:
+    async def cuda_shm_unregister(self, name: str = "") -> None:
         self._cuda.unregister(name)
 
-    def cuda_shm_status(self, name: str = "") -> list[CudaSharedMemoryRegion]:
+    async def cuda_shm_status(self, name: str = "") -> list[CudaSharedMemoryRegion]:
         return self._cuda.status(name)
 
     def close(self) -> None:
@@ -211,7 +211,7 @@ class DataPlane:
 
     # -- repository -------------------------------------------------------------------------------
 
-    def repository_index(self, *, ready_only: bool = False) -> list[RepositoryIndexEntry]:
+    async def repository_index(self, *, ready_only: bool = False) -> list[RepositoryIndexEntry]:
         return self._repository.index(ready_only=ready_only)
 
     async def load_model(self, name: str, *, config_override: str | None = None) -> None:

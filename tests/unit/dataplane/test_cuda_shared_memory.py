@@ -331,10 +331,10 @@ async def test_a_python_model_reads_and_answers_through_cuda_regions(
 ) -> None:
     memory = ipc.allocate(HANDLE, 64)
     memory[0:16] = np.array([1, 2, 3, 4], np.float32).tobytes()
-    plane.cuda_shm_register("in", HANDLE, 0, 64)
+    await plane.cuda_shm_register("in", HANDLE, 0, 64)
     other = bytes(reversed(HANDLE))
     out = ipc.allocate(other, 16)
-    plane.cuda_shm_register("out", other, 0, 16)
+    await plane.cuda_shm_register("out", other, 0, 16)
     response = await plane.infer(
         InferRequest(
             "ident",
@@ -352,16 +352,16 @@ async def test_system_and_cuda_regions_share_one_namespace(plane: DataPlane, ipc
     from multiprocessing import shared_memory
 
     ipc.allocate(HANDLE, 64)
-    plane.cuda_shm_register("r", HANDLE, 0, 64)
+    await plane.cuda_shm_register("r", HANDLE, 0, 64)
     block = shared_memory.SharedMemory(create=True, size=64)
     try:
         with pytest.raises(InfermuxError, match="'r' is already registered") as exc:
-            plane.shm_register("r", block.name, 0, 64)
+            await plane.shm_register("r", block.name, 0, 64)
         assert exc.value.code == ErrorCode.ALREADY_EXISTS
-        plane.shm_register("s", block.name, 0, 64)
+        await plane.shm_register("s", block.name, 0, 64)
         with pytest.raises(InfermuxError, match="'s' is already registered"):
-            plane.cuda_shm_register("s", HANDLE, 0, 64)
-        plane.shm_unregister()
+            await plane.cuda_shm_register("s", HANDLE, 0, 64)
+        await plane.shm_unregister()
     finally:
         block.close()
         block.unlink()

@@ -12,7 +12,8 @@ from typing import Any
 import grpc  # type: ignore[import-untyped,unused-ignore]  # grpcio ships no type information
 from tritonclient.grpc import service_pb2_grpc
 
-from infermux.frontends.grpc.servicer import GrpcDataPlane, InferenceServicer
+from infermux.dataplane import Operations
+from infermux.frontends.grpc.servicer import InferenceServicer
 
 logger = logging.getLogger(__name__)
 
@@ -34,7 +35,7 @@ class GrpcServer:
 
     def __init__(
         self,
-        dataplane: GrpcDataPlane,
+        dataplane: Operations,
         *,
         addresses: Sequence[str],
         max_message_bytes: int = MAX_MESSAGE_BYTES,

@@ -10,24 +10,14 @@ import asyncio
 import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, NoReturn, Protocol, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import grpc  # type: ignore[import-untyped,unused-ignore]  # grpcio ships no type information
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
+from infermux.dataplane import Operations
 from infermux.errors import ErrorCode, InfermuxError, InvalidArgumentError, UnsupportedError
 from infermux.frontends.grpc import codec
-from infermux.model_config import ModelConfig
-from infermux.types import (
-    CudaSharedMemoryRegion,
-    InferRequest,
-    InferResponse,
-    ModelMetadata,
-    ModelStats,
-    RepositoryIndexEntry,
-    ServerMetadata,
-    SharedMemoryRegion,
-)
 
 logger = logging.getLogger(__name__)
 
@@ -45,33 +35,6 @@ STATUS_OF: dict[ErrorCode, Any] = {
     ErrorCode.CANCELLED: grpc.StatusCode.CANCELLED,
 }
 """Triton's ``ErrorCodeToGrpcStatus``: every error code has its own gRPC status."""
-
-
-class GrpcDataPlane(Protocol):
-    """What the gRPC front end needs of :class:`infermux.dataplane.DataPlane`.
-
-    Every method raises an :class:`InfermuxError` on failure; the front end only translates.
-    """
-
-    def live(self) -> bool: ...
-    def ready(self) -> bool: ...
-    def server_metadata(self) -> ServerMetadata: ...
-    def model_ready(self, name: str, version: str = "") -> bool: ...
-    def model_metadata(self, name: str, version: str = "") -> ModelMetadata: ...
-    def model_config(self, name: str, version: str = "") -> ModelConfig: ...
-    async def infer(self, request: InferRequest) -> InferResponse: ...
-    def model_statistics(self, name: str = "", version: str = "") -> list[ModelStats]: ...
-    def repository_index(self, *, ready_only: bool = False) -> list[RepositoryIndexEntry]: ...
-    async def load_model(self, name: str, *, config_override: str | None = None) -> None: ...
-    async def unload_model(self, name: str) -> None: ...
-    def shm_register(self, name: str, key: str, offset: int, byte_size: int) -> None: ...
-    def shm_unregister(self, name: str = "") -> None: ...
-    def shm_status(self, name: str = "") -> list[SharedMemoryRegion]: ...
-    def cuda_shm_status(self, name: str = "") -> list[CudaSharedMemoryRegion]: ...
-    def cuda_shm_register(
-        self, name: str, raw_handle: bytes, device_id: int, byte_size: int
-    ) -> None: ...
-    def cuda_shm_unregister(self, name: str = "") -> None: ...
 
 
 _S = TypeVar("_S")
@@ -113,7 +76,7 @@ def _not_supported(what: str) -> NoReturn:
 class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
     """Every RPC of Triton's ``GRPCInferenceService`` over one data plane, for ``grpc.aio``."""
 
-    def __init__(self, dataplane: GrpcDataPlane) -> None:
+    def __init__(self, dataplane: Operations) -> None:
         self._dp = dataplane
 
     # -- health and metadata ----------------------------------------------------------------------
@@ -124,12 +87,12 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
 
     @_unary
     async def ServerReady(self, request: Message, context: Context) -> Message:
-        return service_pb2.ServerReadyResponse(ready=self._dp.ready())
+        return service_pb2.ServerReadyResponse(ready=await self._dp.ready())
 
     @_unary
     async def ModelReady(self, request: Message, context: Context) -> Message:
         try:
-            ready = self._dp.model_ready(request.name, request.version)
+            ready = await self._dp.model_ready(request.name, request.version)
         except InfermuxError as exc:
             # Readiness of a model nobody has heard of is a plain "no", as in Triton.
             if exc.code is not ErrorCode.NOT_FOUND:
@@ -143,16 +106,16 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
 
     @_unary
     async def ModelMetadata(self, request: Message, context: Context) -> Message:
-        meta = self._dp.model_metadata(request.name, request.version)
+        meta = await self._dp.model_metadata(request.name, request.version)
         return codec.model_metadata_response(meta)
 
     @_unary
     async def ModelConfig(self, request: Message, context: Context) -> Message:
-        return codec.model_config_response(self._dp.model_config(request.name, request.version))
+        return codec.model_config_response(await self._dp.model_config(request.name, request.version))
 
     @_unary
     async def ModelStatistics(self, request: Message, context: Context) -> Message:
-        stats = self._dp.model_statistics(request.name, request.version)
+        stats = await self._dp.model_statistics(request.name, request.version)
         return codec.statistics_response(stats)
 
     # -- inference --------------------------------------------------------------------------------
@@ -223,7 +186,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
 
     @_unary
     async def RepositoryIndex(self, request: Message, context: Context) -> Message:
-        entries = self._dp.repository_index(ready_only=request.ready)
+        entries = await self._dp.repository_index(ready_only=request.ready)
         return codec.repository_index_response(entries)
 
     @_unary
@@ -250,34 +213,34 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
 
     @_unary
     async def SystemSharedMemoryStatus(self, request: Message, context: Context) -> Message:
-        return codec.shm_status_response(self._dp.shm_status(request.name))
+        return codec.shm_status_response(await self._dp.shm_status(request.name))
 
     @_unary
     async def SystemSharedMemoryRegister(self, request: Message, context: Context) -> Message:
-        self._dp.shm_register(request.name, request.key, request.offset, request.byte_size)
+        await self._dp.shm_register(request.name, request.key, request.offset, request.byte_size)
         return service_pb2.SystemSharedMemoryRegisterResponse()
 
     @_unary
     async def SystemSharedMemoryUnregister(self, request: Message, context: Context) -> Message:
-        self._dp.shm_unregister(request.name)
+        await self._dp.shm_unregister(request.name)
         return service_pb2.SystemSharedMemoryUnregisterResponse()
 
     # -- CUDA shared memory -----------------------------------------------------------------------
 
     @_unary
     async def CudaSharedMemoryStatus(self, request: Message, context: Context) -> Message:
-        return codec.cuda_shm_status_response(self._dp.cuda_shm_status(request.name))
+        return codec.cuda_shm_status_response(await self._dp.cuda_shm_status(request.name))
 
     @_unary
     async def CudaSharedMemoryRegister(self, request: Message, context: Context) -> Message:
-        self._dp.cuda_shm_register(
+        await self._dp.cuda_shm_register(
             request.name, request.raw_handle, request.device_id, request.byte_size
         )
         return service_pb2.CudaSharedMemoryRegisterResponse()
 
     @_unary
     async def CudaSharedMemoryUnregister(self, request: Message, context: Context) -> Message:
-        self._dp.cuda_shm_unregister(request.name)
+        await self._dp.cuda_shm_unregister(request.name)
         return service_pb2.CudaSharedMemoryUnregisterResponse()
 
     # -- not implemented yet ----------------------------------------------------------------------

@@ -15,7 +15,7 @@ import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from infermux.dataplane import DataPlane
+from infermux.dataplane import Operations
 from infermux.errors import InfermuxError, InvalidArgumentError
 from infermux.frontends.http import codec, documents
 from infermux.frontends.http.transport import (
@@ -40,9 +40,9 @@ Handler = Callable[[Request, "re.Match[str]"], Awaitable[Reply]]
 
 
 class HttpApp:
-    """ASGI application over a :class:`DataPlane`. ``max_body`` bounds a request body in bytes."""
+    """ASGI application over the data plane's :class:`Operations`. ``max_body`` bounds a request body in bytes."""
 
-    def __init__(self, dataplane: DataPlane, *, max_body: int = DEFAULT_MAX_BODY) -> None:
+    def __init__(self, dataplane: Operations, *, max_body: int = DEFAULT_MAX_BODY) -> None:
         self._dp = dataplane
         self._max_body = max_body
         # Order matters: "/v2/models/stats" must win over a model named "stats".
@@ -99,7 +99,7 @@ class HttpApp:
 
     async def _health(self, request: Request, match: re.Match[str]) -> Reply:
         request.allow("GET")
-        ok = self._dp.live() if match.group(1) == "live" else self._dp.ready()
+        ok = self._dp.live() if match.group(1) == "live" else await self._dp.ready()
         return Reply(200 if ok else 400)
 
     async def _server_metadata(self, request: Request, match: re.Match[str]) -> Reply:
@@ -108,7 +108,7 @@ class HttpApp:
 
     async def _all_statistics(self, request: Request, match: re.Match[str]) -> Reply:
         request.allow("GET")
-        return Reply.json(documents.statistics(self._dp.model_statistics()))
+        return Reply.json(documents.statistics(await self._dp.model_statistics()))
 
     async def _model(self, request: Request, match: re.Match[str]) -> Reply:
         name, version, action = match.group(1), match.group(2) or "", match.group(3)
@@ -118,14 +118,14 @@ class HttpApp:
             return await self._infer(request, name, version)
         request.allow("GET")
         if action == "ready":
-            if dp.model_ready(name, version):
+            if await dp.model_ready(name, version):
                 return Reply(200)
             return Reply.error(400, "Model version not ready")
         if action == "config":
-            return Reply.json(dp.model_config(name, version).to_json_dict())
+            return Reply.json((await dp.model_config(name, version)).to_json_dict())
         if action == "stats":
-            return Reply.json(documents.statistics(dp.model_statistics(name, version)))
-        return Reply.json(documents.model_metadata(dp.model_metadata(name, version)))
+            return Reply.json(documents.statistics(await dp.model_statistics(name, version)))
+        return Reply.json(documents.model_metadata(await dp.model_metadata(name, version)))
 
     # -- inference --------------------------------------------------------------------------------
 
@@ -133,7 +133,7 @@ class HttpApp:
         body = await request.body()
         header_length = _header_length(request.headers)
         if header_length == 0:
-            infer_request = self._raw_request(name, version, body)
+            infer_request = await self._raw_request(name, version, body)
         else:
             infer_request = codec.decode_infer_request(body, header_length, name, version)
         response = await request.unless_disconnected(self._dp.infer(infer_request))
@@ -148,8 +148,8 @@ class HttpApp:
         ]
         return Reply(200, encoded.body, headers, compressible=True)
 
-    def _raw_request(self, name: str, version: str, body: bytes) -> InferRequest:
-        config = self._dp.model_config(name, version)
+    async def _raw_request(self, name: str, version: str, body: bytes) -> InferRequest:
+        config = await self._dp.model_config(name, version)
         if len(config.inputs) != 1:
             raise InvalidArgumentError(
                 f"a raw binary request (Inference-Header-Content-Length: 0) needs a model with "
@@ -186,7 +186,7 @@ class HttpApp:
         if not isinstance(ready, bool):
             raise InvalidArgumentError("field 'ready' must be a boolean")
         return Reply.json(
-            [documents.index_row(e) for e in self._dp.repository_index(ready_only=ready)]
+            [documents.index_row(e) for e in await self._dp.repository_index(ready_only=ready)]
         )
 
     async def _repository_control(self, request: Request, match: re.Match[str]) -> Reply:
@@ -213,10 +213,10 @@ class HttpApp:
         region, action = match.group(1) or "", match.group(2)
         if action == "status":
             request.allow("GET")
-            return Reply.json(documents.shm_status(self._dp.shm_status(region)))
+            return Reply.json(documents.shm_status(await self._dp.shm_status(region)))
         request.allow("POST")
         if action == "unregister":
-            self._dp.shm_unregister(region)
+            await self._dp.shm_unregister(region)
             return Reply(200)
         if not region:
             raise HttpError(404, "Not Found")
@@ -225,17 +225,17 @@ class HttpApp:
         if not isinstance(key, str):
             raise InvalidArgumentError("field 'key' must be a string")
         offset, byte_size = _integer(doc, "offset", 0), _integer(doc, "byte_size", None)
-        self._dp.shm_register(region, key, offset, byte_size)
+        await self._dp.shm_register(region, key, offset, byte_size)
         return Reply(200)
 
     async def _cuda_shared_memory(self, request: Request, match: re.Match[str]) -> Reply:
         region, action = match.group(1) or "", match.group(2)
         if action == "status":
             request.allow("GET")
-            return Reply.json(documents.cuda_shm_status(self._dp.cuda_shm_status(region)))
+            return Reply.json(documents.cuda_shm_status(await self._dp.cuda_shm_status(region)))
         request.allow("POST")
         if action == "unregister":
-            self._dp.cuda_shm_unregister(region)
+            await self._dp.cuda_shm_unregister(region)
             return Reply(200)
         if not region:
             raise HttpError(404, "Not Found")
@@ -249,7 +249,7 @@ class HttpApp:
         except binascii.Error:
             raise InvalidArgumentError("field 'raw_handle.b64' is not valid base64") from None
         device_id, byte_size = _integer(doc, "device_id", 0), _integer(doc, "byte_size", None)
-        self._dp.cuda_shm_register(region, raw, device_id, byte_size)
+        await self._dp.cuda_shm_register(region, raw, device_id, byte_size)
         return Reply(200)
 
 

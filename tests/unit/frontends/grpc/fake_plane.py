@@ -29,7 +29,7 @@ MODELS = ("echo", "gated", "opener", "fail", "crash")
 
 
 class FakePlane:
-    """Implements :class:`infermux.frontends.grpc.GrpcDataPlane`."""
+    """Implements :class:`infermux.dataplane.Operations`."""
 
     def __init__(self) -> None:
         self.gate = asyncio.Event()
@@ -44,20 +44,20 @@ class FakePlane:
     def live(self) -> bool:
         return True
 
-    def ready(self) -> bool:
+    async def ready(self) -> bool:
         return self.is_ready
 
     def server_metadata(self) -> ServerMetadata:
         return ServerMetadata("infermux", "9.9", ("statistics", "system_shared_memory"))
 
-    def model_ready(self, name: str, version: str = "") -> bool:
+    async def model_ready(self, name: str, version: str = "") -> bool:
         if name not in MODELS:
             raise NotFoundError(f"Request for unknown model: '{name}' is not found")
         if version and not version.isdigit():
             raise InvalidArgumentError(f"model version '{version}' is not a number")
         return version in ("", "1")
 
-    def model_metadata(self, name: str, version: str = "") -> ModelMetadata:
+    async def model_metadata(self, name: str, version: str = "") -> ModelMetadata:
         if name.startswith("error-"):
             code = ErrorCode[name.removeprefix("error-")]
             raise InfermuxError(f"scripted {code.value} error", code)
@@ -66,7 +66,7 @@ class FakePlane:
         x = TensorMetadata("INPUT0", "FP32", (-1, 4))
         return ModelMetadata(name, ("1",), "python", (x,), (x,))
 
-    def model_config(self, name: str, version: str = "") -> ModelConfig:
+    async def model_config(self, name: str, version: str = "") -> ModelConfig:
         if name not in MODELS:
             raise NotFoundError(f"Request for unknown model: '{name}' is not found")
         fp32 = pb.TYPE_FP32
@@ -99,7 +99,7 @@ class FakePlane:
         ]
         return InferResponse(name, "1", outputs, id=request.id, parameters={"seen": True})
 
-    def model_statistics(self, name: str = "", version: str = "") -> list[ModelStats]:
+    async def model_statistics(self, name: str = "", version: str = "") -> list[ModelStats]:
         if name and name not in MODELS:
             raise NotFoundError(f"Request for unknown model: '{name}' is not found")
         return [
@@ -115,7 +115,7 @@ class FakePlane:
             for m in ([name] if name else MODELS)
         ]
 
-    def repository_index(self, *, ready_only: bool = False) -> list[RepositoryIndexEntry]:
+    async def repository_index(self, *, ready_only: bool = False) -> list[RepositoryIndexEntry]:
         rows = [RepositoryIndexEntry(m, "1", "READY", "") for m in MODELS]
         broken = RepositoryIndexEntry("broken", "1", "UNAVAILABLE", "load failed")
         return rows if ready_only else [*rows, broken]
@@ -126,27 +126,27 @@ class FakePlane:
     async def unload_model(self, name: str) -> None:
         self.unloads.append(name)
 
-    def shm_register(self, name: str, key: str, offset: int, byte_size: int) -> None:
+    async def shm_register(self, name: str, key: str, offset: int, byte_size: int) -> None:
         if name in self.regions:
             raise InfermuxError(
                 f"shared memory region '{name}' already exists", ErrorCode.ALREADY_EXISTS
             )
         self.regions[name] = SharedMemoryRegion(name, key, offset, byte_size)
 
-    def shm_unregister(self, name: str = "") -> None:
+    async def shm_unregister(self, name: str = "") -> None:
         if name:
             self.regions.pop(name, None)
         else:
             self.regions.clear()
 
-    def cuda_shm_status(self, name: str = "") -> list[CudaSharedMemoryRegion]:
+    async def cuda_shm_status(self, name: str = "") -> list[CudaSharedMemoryRegion]:
         if not name:
             return list(self.cuda_regions.values())
         if name not in self.cuda_regions:
             raise NotFoundError(f"CUDA shared memory region '{name}' is not registered")
         return [self.cuda_regions[name]]
 
-    def cuda_shm_register(
+    async def cuda_shm_register(
         self, name: str, raw_handle: bytes, device_id: int, byte_size: int
     ) -> None:
         if len(raw_handle) != 64:
@@ -154,13 +154,13 @@ class FakePlane:
         self.cuda_handles[name] = raw_handle
         self.cuda_regions[name] = CudaSharedMemoryRegion(name, device_id, byte_size)
 
-    def cuda_shm_unregister(self, name: str = "") -> None:
+    async def cuda_shm_unregister(self, name: str = "") -> None:
         if name and name not in self.cuda_regions:
             raise NotFoundError(f"CUDA shared memory region '{name}' is not registered")
         for key in [name] if name else list(self.cuda_regions):
             del self.cuda_regions[key]
 
-    def shm_status(self, name: str = "") -> list[SharedMemoryRegion]:
+    async def shm_status(self, name: str = "") -> list[SharedMemoryRegion]:
         if not name:
             return list(self.regions.values())
         if name not in self.regions:
