@@ -38,7 +38,8 @@ class Arena:
     """An arena of ``size`` bytes in POSIX shared memory.
 
     Create it with ``Arena(size)`` in the allocating process and :meth:`attach` it by
-    :attr:`name` elsewhere. Thread-safe: several threads (or an event loop and its executor
+    :attr:`name` elsewhere (or create it in a third process and attach the allocator).
+    Thread-safe: several threads (or an event loop and its executor
     threads) may allocate and release.
     """
 
@@ -54,12 +55,14 @@ class Arena:
         self._used = 0  # bytes from the oldest live block to _head, wrap padding included
 
     @classmethod
-    def attach(cls, name: str) -> Arena:
-        """Map an arena another process created (read and write; never allocate from it)."""
+    def attach(cls, name: str, *, allocator: bool = False) -> Arena:
+        """Map an arena another process created. ``allocator=True`` makes this mapping the one
+        that allocates (the creator then must not): a supervisor creates arenas so that they
+        outlive the processes using them, and hands each to the process that writes it."""
         arena = cls.__new__(cls)
         arena._segment = Segment.attach(name)
         arena.size = arena._segment.size
-        arena._owner = False
+        arena._owner = allocator
         arena._lock = threading.Lock()
         arena._live = collections.deque()
         arena._head = arena._used = 0
@@ -87,7 +90,7 @@ class Arena:
         if size < 0:
             raise ValueError(f"cannot allocate {size} bytes")
         if not self._owner:
-            raise RuntimeError("only the process that created an arena allocates from it")
+            raise RuntimeError("only the arena's one allocating mapping allocates from it")
         span = max(-(-size // ALIGNMENT) * ALIGNMENT, ALIGNMENT)
         with self._lock:
             tail = (self._head - self._used) % self.size

@@ -118,9 +118,10 @@ class FrameRing:
 
 
 class Doorbell:
-    """A wake-up across processes: an eventfd (a pipe where there is none). The consumer
-    watches :meth:`fileno` (e.g. ``loop.add_reader``) and calls :meth:`clear` before draining
-    its ring; the producer :meth:`ring` s after each :meth:`FrameRing.put` batch."""
+    """A wake-up across processes: an eventfd (a pipe where there is none), or a named FIFO
+    (:meth:`fifo`) that processes started independently open by path. The consumer watches
+    :meth:`fileno` (e.g. ``loop.add_reader``) and calls :meth:`clear` before draining its ring;
+    the producer :meth:`ring` s after each :meth:`FrameRing.put` batch."""
 
     def __init__(self) -> None:
         if hasattr(os, "eventfd"):
@@ -129,6 +130,14 @@ class Doorbell:
             self._read, self._write = os.pipe()
             os.set_blocking(self._read, False)
             os.set_blocking(self._write, False)
+
+    @classmethod
+    def fifo(cls, path: str) -> Doorbell:
+        """Open the FIFO at ``path`` (made with :func:`os.mkfifo`). Read-write, so that opening
+        never blocks and the FIFO never reports end-of-file when the other side goes away."""
+        bell = cls.__new__(cls)
+        bell._read = bell._write = os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
+        return bell
 
     def fileno(self) -> int:
         return self._read

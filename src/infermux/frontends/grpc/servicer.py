@@ -111,7 +111,9 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
 
     @_unary
     async def ModelConfig(self, request: Message, context: Context) -> Message:
-        return codec.model_config_response(await self._dp.model_config(request.name, request.version))
+        return codec.model_config_response(
+            await self._dp.model_config(request.name, request.version)
+        )
 
     @_unary
     async def ModelStatistics(self, request: Message, context: Context) -> Message:

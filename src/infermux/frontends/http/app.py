@@ -40,7 +40,8 @@ Handler = Callable[[Request, "re.Match[str]"], Awaitable[Reply]]
 
 
 class HttpApp:
-    """ASGI application over the data plane's :class:`Operations`. ``max_body`` bounds a request body in bytes."""
+    """ASGI application over the data plane's :class:`Operations`; ``max_body`` bounds a
+    request body in bytes."""
 
     def __init__(self, dataplane: Operations, *, max_body: int = DEFAULT_MAX_BODY) -> None:
         self._dp = dataplane

@@ -1,0 +1,167 @@
+"""The executor's side of the front-end channels: requests off the rings, into the data plane.
+
+Every front-end process has its own channel. Frames are drained as their doorbell rings (on the
+executor's event loop, beside the batcher) and each request runs as its own task on the one
+:class:`~.plane.DataPlane`, so requests from every front end meet in the same queues and
+batches. Input tensors are read in place from the front end's arena (the backend copies them
+once, into its staging buffer); outputs are written once into this side's arena.
+
+When a front end goes away its channel is detached: its requests still running finish (they are
+admitted; the model's state and statistics stay consistent) but their answers are dropped, and
+the channel is unmapped when the last one is done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from infermux.errors import InfermuxError, InternalError
+from infermux.ipc import Block, ChannelSpec, Endpoint
+from infermux.ipc.wire import (
+    CALLS,
+    Answer,
+    Call,
+    Infer,
+    Release,
+    Result,
+    WireTensor,
+    encode,
+    failure,
+    read_tensor,
+    tensor_size,
+    to_executor,
+    write_tensor,
+)
+from infermux.model_config import ModelConfig
+from infermux.types import InferRequest, RequestedOutput, Tensor, uses_shared_memory
+
+from .link import Link
+from .plane import DataPlane
+
+logger = logging.getLogger(__name__)
+
+
+class _Client:
+    """One attached front end: its link, its requests in flight, its answer blocks."""
+
+    def __init__(self, link: Link) -> None:
+        self.link = link
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.blocks: dict[int, Block] = {}  # answer blocks the front end has not released
+
+
+class ChannelServer:
+    """Serves every attached front-end channel from one :class:`DataPlane`."""
+
+    def __init__(self, plane: DataPlane) -> None:
+        self._plane = plane
+        self._clients: dict[str, _Client] = {}
+
+    @property
+    def channels(self) -> list[str]:
+        return list(self._clients)
+
+    def attach(self, spec: ChannelSpec) -> None:
+        """Start serving the front end at the other end of ``spec``."""
+        client: _Client | None = None
+
+        def on_frames(frames: list[bytes]) -> None:
+            assert client is not None
+            self._dispatch(client, frames)
+
+        client = _Client(Link(Endpoint(spec, "executor"), on_frames))
+        self._clients[spec.id] = client
+        logger.debug("serving front-end channel %s", spec.id)
+
+    async def detach(self, channel_id: str) -> None:
+        """Stop serving a channel whose front end is gone; returns when its requests are done."""
+        client = self._clients.pop(channel_id, None)
+        if client is None:
+            return
+        client.link.mute()  # answers of what still runs are dropped
+        if client.tasks:
+            await asyncio.gather(*client.tasks, return_exceptions=True)
+        client.link.close()
+
+    async def close(self) -> None:
+        """Detach every channel (after their requests finish)."""
+        await asyncio.gather(*(self.detach(c) for c in list(self._clients)))
+
+    # -- frames -----------------------------------------------------------------------------------
+
+    def _dispatch(self, client: _Client, frames: list[bytes]) -> None:
+        for frame in frames:
+            try:
+                message = to_executor(frame)
+            except Exception:  # our own peer wrote it: a bug, not bad client input
+                logger.exception("undecodable frame on channel %s", client.link.id)
+                continue
+            if isinstance(message, Release):
+                for offset in message.offsets:
+                    block = client.blocks.pop(offset, None)
+                    if block is not None:
+                        client.link.release(block)
+                continue
+            work = (
+                self._infer(client, message)
+                if isinstance(message, Infer)
+                else self._call(client, message)
+            )
+            task = asyncio.get_running_loop().create_task(work)
+            client.tasks.add(task)
+            task.add_done_callback(client.tasks.discard)
+
+    async def _infer(self, client: _Client, message: Infer) -> None:
+        link = client.link
+        try:
+            request = InferRequest(
+                message.model,
+                message.version,
+                [read_tensor(link.endpoint.peer_arena, t, copy=False) for t in message.inputs],
+                [RequestedOutput(name, parameters) for name, parameters in message.outputs],
+                message.id,
+                message.parameters,
+            )
+            response = await self._plane.infer(request)
+            outputs = [await self._place(client, tensor) for tensor in response.outputs]
+        except Exception as exc:
+            if not isinstance(exc, InfermuxError):
+                logger.exception("request %d on channel %s failed", message.seq, link.id)
+            link.send(encode(failure(message.seq, exc)))
+            return
+        link.send(
+            encode(
+                Answer(
+                    message.seq,
+                    response.model_name,
+                    response.model_version,
+                    response.id,
+                    response.parameters,
+                    outputs,
+                )
+            )
+        )
+
+    async def _place(self, client: _Client, tensor: Tensor) -> WireTensor:
+        if uses_shared_memory(tensor.parameters):  # the data plane wrote it to the client's region
+            return WireTensor(tensor.name, tensor.datatype, tensor.shape, tensor.parameters)
+        block = await client.link.allocate(tensor_size(tensor), f"output '{tensor.name}'")
+        client.blocks[block.offset] = block
+        return write_tensor(client.link.endpoint.arena, block, tensor)
+
+    async def _call(self, client: _Client, message: Call) -> None:
+        try:
+            if message.method not in CALLS:
+                raise InternalError(f"no data-plane operation '{message.method}'")
+            value: Any = getattr(self._plane, message.method)(*message.args, **message.kwargs)
+            value = await value
+            if isinstance(value, ModelConfig):
+                value = value.proto.SerializeToString()
+            reply = encode(Result(message.seq, value))
+        except Exception as exc:
+            if not isinstance(exc, InfermuxError):
+                logger.exception("call %s on channel %s failed", message.method, client.link.id)
+            reply = encode(failure(message.seq, exc))
+        client.link.send(reply)

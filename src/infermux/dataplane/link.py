@@ -1,0 +1,123 @@
+"""One side of a front-end <-> executor channel on an asyncio loop.
+
+Frames are handed to ``on_frames`` as they arrive (the doorbell's fd is watched by the loop, so
+no thread waits); :meth:`Link.send` writes a frame and rings the peer's doorbell once per loop
+iteration however many frames were sent in it, which batches wake-ups under load. A full ring
+(the peer stalled) keeps frames in order in a backlog retried shortly, never drops them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from collections.abc import Callable
+
+from infermux.errors import InvalidArgumentError
+from infermux.ipc import Block, Endpoint
+
+logger = logging.getLogger(__name__)
+
+_RETRY_SECONDS = 0.0002
+
+
+class Link:
+    """An :class:`Endpoint` driven by the running event loop."""
+
+    def __init__(self, endpoint: Endpoint, on_frames: Callable[[list[bytes]], None]) -> None:
+        self.endpoint = endpoint
+        self._on_frames = on_frames
+        self._loop = asyncio.get_running_loop()
+        self._backlog: collections.deque[bytes] = collections.deque()
+        self._bell_due = False
+        self._retry: asyncio.TimerHandle | None = None
+        self._space = asyncio.Event()
+        self.closed = False
+        self._loop.add_reader(endpoint.wake.fileno(), self._drain)
+        # Frames may have been written before this side started watching.
+        self._loop.call_soon(self._drain)
+
+    @property
+    def id(self) -> str:
+        return self.endpoint.spec.id
+
+    def _drain(self) -> None:
+        if self.closed:
+            return
+        self.endpoint.wake.clear()
+        frames = self.endpoint.inbox.take()
+        if frames:
+            self._on_frames(frames)
+
+    # -- sending ----------------------------------------------------------------------------------
+
+    def send(self, frame: bytes) -> None:
+        """Queue ``frame`` for the peer (in order); it is woken at the end of this iteration."""
+        if self.closed:
+            return
+        if self._backlog or not self.endpoint.outbox.put(frame):
+            self._backlog.append(frame)
+            self._schedule_retry()
+        if not self._bell_due:
+            self._bell_due = True
+            self._loop.call_soon(self._ring)
+
+    def _ring(self) -> None:
+        self._bell_due = False
+        if not self.closed:
+            self.endpoint.bell.ring()
+
+    def _schedule_retry(self) -> None:
+        if self._retry is None:
+            self._retry = self._loop.call_later(_RETRY_SECONDS, self._flush_backlog)
+
+    def _flush_backlog(self) -> None:
+        self._retry = None
+        if self.closed:
+            return
+        while self._backlog and self.endpoint.outbox.put(self._backlog[0]):
+            self._backlog.popleft()
+        self.endpoint.bell.ring()
+        if self._backlog:
+            self._schedule_retry()
+
+    # -- arena ------------------------------------------------------------------------------------
+
+    async def allocate(self, size: int, what: str) -> Block:
+        """A block of this side's arena, waiting while the arena is full (the peer frees space
+        as it answers); refused outright when ``size`` could never fit."""
+        arena = self.endpoint.arena
+        if size > arena.size:
+            raise InvalidArgumentError(
+                f"{what} needs {size} bytes, more than the {arena.size}-byte transfer arena "
+                "between front end and executor (infermux serve --ipc-arena-mb)"
+            )
+        while (block := arena.allocate(size)) is None:
+            self._space.clear()
+            await self._space.wait()
+            if self.closed:
+                raise ConnectionError("the channel closed while waiting for arena space")
+        return block
+
+    def release(self, block: Block) -> None:
+        """Give a block of this side's arena back and wake whoever waits for space."""
+        self.endpoint.arena.release(block)
+        self._space.set()
+
+    def mute(self) -> None:
+        """Stop watching and sending, keeping the mappings (views of the peer's arena may still
+        be in use); frames not yet delivered are dropped: the peer is gone or being replaced.
+        Whoever waits for arena space is woken with an error."""
+        if self.closed:
+            return
+        self.closed = True
+        self._loop.remove_reader(self.endpoint.wake.fileno())
+        if self._retry is not None:
+            self._retry.cancel()
+        self._backlog.clear()
+        self._space.set()
+
+    def close(self) -> None:
+        """:meth:`mute`, then unmap."""
+        self.mute()
+        self.endpoint.close()

@@ -1,0 +1,290 @@
+"""The data plane of a front-end process: every V2 operation forwarded to the executor.
+
+A front-end process decodes requests and encodes answers; the models live in the executor
+process. This class is what its HTTP and gRPC front ends are given instead of a
+:class:`~.plane.DataPlane`: an inference request's tensors are written once into the channel's
+arena and only a small header crosses the ring; the executor's :class:`~.channel_server.
+ChannelServer` runs the request on the real data plane and answers the same way.
+
+While no executor is attached (it is starting, or restarting after a crash) the front end stays
+up: it is not ready, and inference answers UNAVAILABLE (HTTP 503) naming the reason; requests in
+flight when the executor went away fail the same way. Nothing waits forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+from tritonclient.grpc import model_config_pb2 as config_pb
+
+from infermux.errors import UnavailableError
+from infermux.ipc import Block, ChannelSpec, Endpoint
+from infermux.ipc.wire import (
+    NO_DATA,
+    Answer,
+    Call,
+    Failure,
+    Infer,
+    Release,
+    Result,
+    WireTensor,
+    encode,
+    raise_failure,
+    read_tensor,
+    tensor_size,
+    to_frontend,
+    write_tensor,
+)
+from infermux.model_config import ModelConfig
+from infermux.types import (
+    CudaSharedMemoryRegion,
+    InferRequest,
+    InferResponse,
+    ModelMetadata,
+    ModelStats,
+    RepositoryIndexEntry,
+    ServerMetadata,
+    SharedMemoryRegion,
+    uses_shared_memory,
+)
+
+from .link import Link
+
+logger = logging.getLogger(__name__)
+
+
+def _as(kind: Any) -> Callable[[Any], Any]:
+    return lambda value: msgspec.convert(value, type=kind)
+
+
+def _config(value: Any) -> ModelConfig:
+    return ModelConfig.from_proto(config_pb.ModelConfig.FromString(value))
+
+
+# How each call's result is rebuilt from msgpack builtins (the executor encodes the dataclasses
+# as maps and a model config as its protobuf bytes).
+_RESULT: dict[str, Callable[[Any], Any]] = {
+    "ready": bool,
+    "model_ready": bool,
+    "model_metadata": _as(ModelMetadata),
+    "model_config": _config,
+    "model_statistics": _as(list[ModelStats]),
+    "repository_index": _as(list[RepositoryIndexEntry]),
+    "shm_status": _as(list[SharedMemoryRegion]),
+    "cuda_shm_status": _as(list[CudaSharedMemoryRegion]),
+}
+
+
+@dataclass(slots=True)
+class _Pending:
+    future: asyncio.Future[Any]
+    blocks: list[Block] = field(default_factory=list)  # input bytes the executor may still read
+
+
+class RemoteDataPlane:
+    """Implements :class:`~.operations.Operations` by forwarding to the executor."""
+
+    def __init__(self, metadata: ServerMetadata) -> None:
+        self._metadata = metadata
+        self._link: Link | None = None
+        self._pending: dict[int, _Pending] = {}
+        self._seq = itertools.count(1)
+        self._released: list[int] = []  # answer blocks read, to hand back in one Release frame
+        self._why_detached = "the executor is starting"
+        self._shutting_down = False
+
+    # -- channel ----------------------------------------------------------------------------------
+
+    @property
+    def attached(self) -> bool:
+        return self._link is not None
+
+    def attach(self, spec: ChannelSpec) -> None:
+        """Start forwarding over the channel ``spec`` (replacing any previous one)."""
+        self.detach("the executor was replaced")
+        self._link = Link(Endpoint(spec, "frontend"), self._on_frames)
+        logger.debug("attached to executor channel %s", spec.id)
+
+    def detach(self, why: str) -> None:
+        """Stop forwarding: requests in flight fail UNAVAILABLE with ``why``, as do new ones
+        until the next :meth:`attach`."""
+        self._why_detached = why
+        link, self._link = self._link, None
+        pending, self._pending = self._pending, {}
+        self._released.clear()
+        for entry in pending.values():
+            if not entry.future.done():
+                entry.future.set_exception(UnavailableError(why))
+        if link is not None:
+            link.close()
+
+    def begin_shutdown(self) -> None:
+        self._shutting_down = True
+
+    def _require(self) -> Link:
+        if self._link is None:
+            raise UnavailableError(f"not ready: {self._why_detached}")
+        return self._link
+
+    # -- frames from the executor -----------------------------------------------------------------
+
+    def _on_frames(self, frames: list[bytes]) -> None:
+        link = self._link
+        if link is None:
+            return
+        for frame in frames:
+            message = to_frontend(frame)
+            entry = self._pending.pop(message.seq, None)
+            if entry is None:
+                logger.warning("the executor answered unknown request %d", message.seq)
+                continue
+            # The executor is done with the request's inputs once it answers.
+            for block in entry.blocks:
+                link.release(block)
+            if entry.future.done():  # the client gave up; its answer's blocks are free now
+                if isinstance(message, Answer):
+                    self._free(link, [o.offset for o in message.outputs])
+                continue
+            if isinstance(message, Failure):
+                entry.future.set_exception(raise_failure(message))
+            else:
+                entry.future.set_result(message)
+
+    def _free(self, link: Link, offsets: list[int]) -> None:
+        taken = [o for o in offsets if o != NO_DATA]
+        if not taken:
+            return
+        if not self._released:
+            asyncio.get_running_loop().call_soon(self._send_released, link)
+        self._released.extend(taken)
+
+    def _send_released(self, link: Link) -> None:
+        if self._released and link is self._link:
+            link.send(encode(Release(self._released)))
+        self._released = []
+
+    # -- inference --------------------------------------------------------------------------------
+
+    async def infer(self, request: InferRequest) -> InferResponse:
+        link = self._require()
+        entry = _Pending(asyncio.get_running_loop().create_future())
+        inputs = []
+        try:
+            for tensor in request.inputs:
+                if uses_shared_memory(tensor.parameters):  # the executor reads the region
+                    inputs.append(
+                        WireTensor(tensor.name, tensor.datatype, tensor.shape, tensor.parameters)
+                    )
+                    continue
+                block = await link.allocate(tensor_size(tensor), f"input '{tensor.name}'")
+                entry.blocks.append(block)
+                inputs.append(write_tensor(link.endpoint.arena, block, tensor))
+        except BaseException:
+            for block in entry.blocks:
+                link.release(block)
+            raise
+        if link.closed:  # detached while waiting for arena space
+            raise UnavailableError(f"not ready: {self._why_detached}")
+        seq = next(self._seq)
+        self._pending[seq] = entry
+        link.send(
+            encode(
+                Infer(
+                    seq,
+                    request.model_name,
+                    request.model_version,
+                    request.id,
+                    request.parameters,
+                    inputs,
+                    [(o.name, o.parameters) for o in request.outputs],
+                )
+            )
+        )
+        answer: Answer = await entry.future
+        try:
+            outputs = [read_tensor(link.endpoint.peer_arena, o, copy=True) for o in answer.outputs]
+        finally:
+            self._free(link, [o.offset for o in answer.outputs])
+        return InferResponse(answer.model, answer.version, outputs, answer.id, answer.parameters)
+
+    # -- every other operation --------------------------------------------------------------------
+
+    async def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        link = self._require()
+        seq = next(self._seq)
+        entry = _Pending(asyncio.get_running_loop().create_future())
+        self._pending[seq] = entry
+        link.send(encode(Call(seq, method, list(args), kwargs)))
+        result: Result = await entry.future
+        convert = _RESULT.get(method)
+        return convert(result.value) if convert is not None else None
+
+    def live(self) -> bool:
+        return True
+
+    def server_metadata(self) -> ServerMetadata:
+        return self._metadata
+
+    async def ready(self) -> bool:
+        if self._link is None or self._shutting_down:
+            return False
+        ready: bool = await self._call("ready")
+        return ready
+
+    async def model_ready(self, name: str, version: str = "") -> bool:
+        if self._link is None:
+            return False
+        ready: bool = await self._call("model_ready", name, version)
+        return ready
+
+    async def model_metadata(self, name: str, version: str = "") -> ModelMetadata:
+        meta: ModelMetadata = await self._call("model_metadata", name, version)
+        return meta
+
+    async def model_config(self, name: str, version: str = "") -> ModelConfig:
+        config: ModelConfig = await self._call("model_config", name, version)
+        return config
+
+    async def model_statistics(self, name: str = "", version: str = "") -> list[ModelStats]:
+        stats: list[ModelStats] = await self._call("model_statistics", name, version)
+        return stats
+
+    async def repository_index(self, *, ready_only: bool = False) -> list[RepositoryIndexEntry]:
+        index: list[RepositoryIndexEntry] = await self._call(
+            "repository_index", ready_only=ready_only
+        )
+        return index
+
+    async def load_model(self, name: str, *, config_override: str | None = None) -> None:
+        await self._call("load_model", name, config_override=config_override)
+
+    async def unload_model(self, name: str) -> None:
+        await self._call("unload_model", name)
+
+    async def shm_register(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        await self._call("shm_register", name, key, offset, byte_size)
+
+    async def shm_unregister(self, name: str = "") -> None:
+        await self._call("shm_unregister", name)
+
+    async def shm_status(self, name: str = "") -> list[SharedMemoryRegion]:
+        regions: list[SharedMemoryRegion] = await self._call("shm_status", name)
+        return regions
+
+    async def cuda_shm_register(
+        self, name: str, raw_handle: bytes, device_id: int, byte_size: int
+    ) -> None:
+        await self._call("cuda_shm_register", name, raw_handle, device_id, byte_size)
+
+    async def cuda_shm_unregister(self, name: str = "") -> None:
+        await self._call("cuda_shm_unregister", name)
+
+    async def cuda_shm_status(self, name: str = "") -> list[CudaSharedMemoryRegion]:
+        regions: list[CudaSharedMemoryRegion] = await self._call("cuda_shm_status", name)
+        return regions

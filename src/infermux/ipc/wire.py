@@ -1,0 +1,175 @@
+"""The frames a front-end process and the executor exchange, and how tensors cross in the arena.
+
+Headers are msgpack (msgspec structs, encoded as arrays: no field names on the wire); a tensor's
+bytes never travel in a header. The sender writes them once into an arena it allocates from and
+the header names their place; the receiver reads them there. Requests put inputs in the front
+end's arena, answers put outputs in the executor's, and a :class:`Release` frame hands an
+answer's blocks back once the front end has copied them out.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import numpy as np
+
+from infermux.errors import ErrorCode, InfermuxError, InternalError, InvalidArgumentError
+from infermux.ipc.arena import Arena, Block
+from infermux.tensor_bytes import tensor_from_bytes, tensor_to_bytes
+from infermux.types import Parameters, Tensor, numpy_dtype
+
+NO_DATA = -1
+"""The offset of a tensor whose bytes are not in the arena (it lives in client shared memory)."""
+
+
+class WireTensor(msgspec.Struct, array_like=True):
+    """A tensor's description; its bytes are ``size`` bytes at ``offset`` of the sender's arena."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    parameters: Parameters
+    offset: int = NO_DATA
+    size: int = 0
+
+
+class Infer(msgspec.Struct, array_like=True, tag=1):
+    """Front end -> executor: run an inference request."""
+
+    seq: int
+    model: str
+    version: str
+    id: str
+    parameters: Parameters
+    inputs: list[WireTensor]
+    outputs: list[tuple[str, Parameters]]
+
+
+class Call(msgspec.Struct, array_like=True, tag=2):
+    """Front end -> executor: any other V2 operation, by name (only those :data:`CALLS` lists)."""
+
+    seq: int
+    method: str
+    args: list[Any]
+    kwargs: dict[str, Any]
+
+
+class Release(msgspec.Struct, array_like=True, tag=3):
+    """Front end -> executor: the answer blocks at these offsets have been read."""
+
+    offsets: list[int]
+
+
+class Answer(msgspec.Struct, array_like=True, tag=4):
+    """Executor -> front end: the response to an :class:`Infer`."""
+
+    seq: int
+    model: str
+    version: str
+    id: str
+    parameters: Parameters
+    outputs: list[WireTensor]
+
+
+class Result(msgspec.Struct, array_like=True, tag=5):
+    """Executor -> front end: what a :class:`Call` returned (msgpack-able builtins)."""
+
+    seq: int
+    value: Any
+
+
+class Failure(msgspec.Struct, array_like=True, tag=6):
+    """Executor -> front end: the :class:`Infer` or :class:`Call` ``seq`` failed."""
+
+    seq: int
+    code: str
+    message: str
+
+
+ToExecutor = Infer | Call | Release
+ToFrontend = Answer | Result | Failure
+
+CALLS = frozenset(
+    {
+        "ready",
+        "model_ready",
+        "model_metadata",
+        "model_config",
+        "model_statistics",
+        "repository_index",
+        "load_model",
+        "unload_model",
+        "shm_register",
+        "shm_unregister",
+        "shm_status",
+        "cuda_shm_register",
+        "cuda_shm_unregister",
+        "cuda_shm_status",
+    }
+)
+"""The data-plane methods a :class:`Call` may name; anything else is refused."""
+
+encode = msgspec.msgpack.Encoder().encode
+to_executor = msgspec.msgpack.Decoder(ToExecutor).decode
+to_frontend = msgspec.msgpack.Decoder(ToFrontend).decode
+
+
+def failure(seq: int, exc: BaseException) -> Failure:
+    """The frame that reports ``exc``; anything but an :class:`InfermuxError` is INTERNAL."""
+    if isinstance(exc, InfermuxError):
+        return Failure(seq, exc.code.value, exc.message)
+    return Failure(seq, ErrorCode.INTERNAL.value, f"internal error: {exc}")
+
+
+def raise_failure(frame: Failure) -> InfermuxError:
+    """The error a :class:`Failure` frame stands for, with its code."""
+    try:
+        code = ErrorCode(frame.code)
+    except ValueError:
+        code = ErrorCode.INTERNAL
+    return InfermuxError(frame.message, code)
+
+
+def tensor_size(tensor: Tensor) -> int:
+    """Bytes ``tensor`` takes in an arena (its raw V2 encoding)."""
+    if tensor.datatype == "BYTES":
+        return len(tensor_to_bytes("BYTES", tensor.data))
+    return int(tensor.data.size) * numpy_dtype(tensor.datatype).itemsize
+
+
+def write_tensor(arena: Arena, block: Block, tensor: Tensor) -> WireTensor:
+    """Copy ``tensor``'s bytes into ``block`` (one copy, straight from the array) and describe
+    them."""
+    view = arena.buffer(block.offset, block.size)
+    try:
+        if tensor.datatype == "BYTES":
+            view[:] = tensor_to_bytes("BYTES", tensor.data)
+        else:
+            dtype = numpy_dtype(tensor.datatype).newbyteorder("<")
+            np.copyto(np.frombuffer(view, dtype=dtype).reshape(tensor.data.shape), tensor.data)
+    finally:
+        view.release()
+    return WireTensor(
+        tensor.name, tensor.datatype, tensor.shape, tensor.parameters, block.offset, block.size
+    )
+
+
+def read_tensor(arena: Arena, wire: WireTensor, *, copy: bool) -> Tensor:
+    """The tensor ``wire`` describes. ``copy=False`` views the arena in place (the caller keeps
+    the block until it is done); ``copy=True`` returns memory of its own."""
+    if wire.offset == NO_DATA:
+        data = np.empty(0, dtype=numpy_dtype(wire.datatype))
+        return Tensor(wire.name, wire.datatype, wire.shape, data, wire.parameters)
+    try:
+        view = arena.buffer(wire.offset, wire.size)
+    except ValueError as exc:  # a corrupt header: never read outside the arena
+        raise InternalError(f"tensor '{wire.name}': {exc}") from None
+    raw: bytes | memoryview = bytes(view) if copy else view
+    if copy:
+        view.release()
+    try:
+        data = tensor_from_bytes(wire.name, wire.datatype, wire.shape, raw)
+    except InvalidArgumentError as exc:
+        raise InternalError(f"tensor '{wire.name}' arrived damaged: {exc.message}") from None
+    return Tensor(wire.name, wire.datatype, wire.shape, data, wire.parameters)
