@@ -27,6 +27,7 @@ from infermux.types import (
     SHM_BYTE_SIZE,
     SHM_REGION,
     InferRequest,
+    Parameters,
     RequestedOutput,
     ServerMetadata,
     Tensor,
@@ -123,7 +124,8 @@ async def test_errors_keep_their_code(pair: Pair) -> None:
 async def test_other_operations_match(pair: Pair) -> None:
     p, r = pair.plane, pair.remote
     assert await r.ready() == await p.ready()
-    assert await r.model_ready("simple") and not await r.model_ready("simple", "9")
+    assert await r.model_ready("simple")
+    assert not await r.model_ready("simple", "9")
     assert await r.model_metadata("simple") == await p.model_metadata("simple")
     assert await r.model_config("simple") == await p.model_config("simple")
     assert (await r.model_config("simple")).to_json_dict() == (
@@ -142,7 +144,7 @@ async def test_client_shared_memory_is_read_by_the_executor(pair: Pair) -> None:
         np.ndarray((32,), np.int32, region.buf)[:] = np.arange(32, dtype=np.int32)
         await pair.remote.shm_register("in", region.name, 0, 128)
         assert [s.name for s in await pair.remote.shm_status()] == ["in"]
-        placed = {SHM_REGION: "in", SHM_BYTE_SIZE: 64}
+        placed: Parameters = {SHM_REGION: "in", SHM_BYTE_SIZE: 64}
         empty = np.empty(0, np.int32)
         request = InferRequest(
             "simple",
