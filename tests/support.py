@@ -124,6 +124,20 @@ class ServerProcess:
     def grpc_url(self) -> str:
         return f"{self.host}:{self.grpc_port}"
 
+    def children(self) -> list[int]:
+        """Process ids of the server's front-end and executor processes (Linux only; not
+        multiprocessing's resource tracker, also a child)."""
+        pid = self.process.pid
+        found = []
+        for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+            try:
+                command = Path(f"/proc/{child}/cmdline").read_bytes()
+            except OSError:  # exited meanwhile
+                continue
+            if b"spawn_main" in command:
+                found.append(int(child))
+        return found
+
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
         if self.process.poll() is None:
             self.process.send_signal(sig)
@@ -156,6 +170,8 @@ def start_server(*args: str, timeout: float = 120, no_arg_default: bool = False)
     """
     command = [sys.executable, "-m", "infermux", "serve", "--http-port", "0"]
     command += ["--grpc-port", "0", "--metrics-port", "0", *args]
+    if "--frontends" not in args:  # one process unless a test asks otherwise (auto may be more)
+        command += ["--frontends", "1"]
     if not no_arg_default and "--model-repository" not in args:
         command += ["--model-repository", str(builtin_repository())]
     env = dict(os.environ, PYTHONUNBUFFERED="1")

@@ -1,3 +1,5 @@
 from infermux.cli import main
 
-raise SystemExit(main())
+# Guarded: front-end and executor processes are spawned, and must not run the command line again.
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
-import logging
 import sys
-from collections.abc import Coroutine, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -16,7 +14,9 @@ from infermux.settings import (
     DEFAULT_GRPC_MAX_MESSAGE_SIZE,
     DEFAULT_MAX_INPUT_SIZE,
     DISABLED_PORT,
+    MAX_FRONTENDS,
     ServerSettings,
+    auto_frontends,
     builtin_repositories,
     builtin_repository,
 )
@@ -70,6 +70,18 @@ def _non_negative_int(value: str) -> int:
         raise argparse.ArgumentTypeError(f"'{value}' is not an integer") from None
     if number < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return number
+
+
+def _frontends(value: str) -> int:
+    if value.strip().lower() == "auto":
+        return auto_frontends()
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number or 'auto', got '{value}'") from None
+    if not 1 <= number <= MAX_FRONTENDS:
+        raise argparse.ArgumentTypeError(f"must be 1-{MAX_FRONTENDS}, got {value}")
     return number
 
 
@@ -169,6 +181,22 @@ def _add_serve_arguments(serve: argparse.ArgumentParser) -> argparse.ArgumentPar
         help=f"largest HTTP request body accepted (default {DEFAULT_MAX_INPUT_SIZE})",
     )
     serve.add_argument(
+        "--frontends",
+        type=_frontends,
+        default=auto_frontends(),
+        metavar="N|auto",
+        help="front-end processes (default auto: 1 below 8 cores, else one per 4 cores up to "
+        "8); 1 runs everything in one process, N > 1 runs N front ends and one executor",
+    )
+    serve.add_argument(
+        "--ipc-arena-mb",
+        type=_positive(int),
+        default=256,
+        metavar="MIB",
+        help="with --frontends > 1: shared memory per front end for tensors in flight, each "
+        "way (default 256)",
+    )
+    serve.add_argument(
         "--exit-timeout-secs",
         type=_positive(int),
         default=30,
@@ -231,16 +259,9 @@ def parse_settings(argv: Sequence[str]) -> ServerSettings:
         http_uds=args.http_uds,
         grpc_uds=args.grpc_uds,
         grpc_max_message_size=args.grpc_max_message_size,
+        frontends=args.frontends,
+        ipc_arena_mb=args.ipc_arena_mb,
     )
-
-
-def _run(coro: Coroutine[Any, Any, None]) -> None:
-    try:
-        import uvloop
-    except ImportError:  # e.g. Windows: plain asyncio
-        asyncio.run(coro)
-    else:
-        uvloop.run(coro)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -251,15 +272,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return 2
     settings = parse_settings(argv[1:])
-    logging.basicConfig(
-        level=logging.DEBUG if settings.log_verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    from infermux.processes.common import configure_logging, run
     from infermux.server import StartupError, serve
 
+    configure_logging(settings)
     try:
-        _run(serve(settings))
+        run(serve(settings))
     except (StartupError, InfermuxError) as exc:
         print(f"infermux: error: {exc}", file=sys.stderr)
         return 1

@@ -87,3 +87,7 @@ class ModelLoadError(InfermuxError):
     """A model version could not be loaded; the repository index shows ``message`` as reason."""
 
     code = ErrorCode.INTERNAL
+
+
+class StartupError(Exception):
+    """The server cannot start (bad repository path, port in use, ...); the message says why."""

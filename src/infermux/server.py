@@ -1,5 +1,8 @@
 """The composition root: builds repository, data plane and front ends, and owns their lifetime.
 
+With one front end (``--frontends 1``) everything runs in this process, as built here. With
+more, :mod:`infermux.processes` runs the same pieces split over processes; :func:`serve` picks.
+
 Start-up binds every listener first (so a busy port fails fast, before models load), then loads
 the models, then serves. Shutdown order (on SIGINT/SIGTERM): report not-ready, stop accepting on
 every front end, let every admitted request finish (front ends wait for open requests and RPCs,
@@ -12,36 +15,21 @@ import asyncio
 import contextlib
 import logging
 import signal
-import socket
-from pathlib import Path
+from typing import Protocol
 
 from infermux import __version__
-from infermux.backends import BackendRegistry
-from infermux.dataplane import DataPlane
-from infermux.dataplane.cuda_shared_memory import CudaSharedMemoryRegistry
-from infermux.dataplane.shared_memory import SharedMemoryRegistry
+from infermux.dataplane.assembly import EXTENSIONS, SHM_EXTENSIONS, build_dataplane
+from infermux.dataplane.assembly import build_repository as _build_repository
+from infermux.errors import StartupError
 from infermux.frontends import unix_socket
-from infermux.frontends.grpc import GrpcBindError, GrpcServer
-from infermux.frontends.http import HttpApp, HttpServer
+from infermux.frontends.serving import FrontEnds, http_sockets
+from infermux.processes import Supervisor
 from infermux.progress import LoadProgress
-from infermux.repository import ControlMode, ModelRepository
-from infermux.settings import DISABLED_PORT, ServerSettings
+from infermux.settings import ServerSettings
+
+__all__ = ["EXTENSIONS", "SHM_EXTENSIONS", "InfermuxServer", "StartupError", "serve"]
 
 logger = logging.getLogger("infermux")
-
-# Only what is really served is announced; perf_analyzer and clients key behaviour off this list.
-EXTENSIONS = (
-    "binary_tensor_data",
-    "model_configuration",
-    "model_repository",
-    "parameters",
-    "statistics",
-)
-SHM_EXTENSIONS = ("system_shared_memory", "cuda_shared_memory")
-
-
-class StartupError(Exception):
-    """The server cannot start (bad repository path, port in use, ...); the message says why."""
 
 
 class InfermuxServer:
@@ -50,25 +38,9 @@ class InfermuxServer:
     def __init__(self, settings: ServerSettings) -> None:
         self.settings = settings
         self._progress = LoadProgress() if LoadProgress.wanted() else None
-        self.repository = ModelRepository(
-            settings.model_repositories,
-            BackendRegistry(),
-            control_mode=ControlMode(settings.model_control_mode),
-            startup_models=settings.load_models,
-            poll_seconds=settings.repository_poll_secs,
-            observer=self._progress,
-        )
-        extensions = EXTENSIONS + (SHM_EXTENSIONS if settings.allow_client_shm else ())
-        self.dataplane = DataPlane(
-            self.repository,
-            version=__version__,
-            extensions=extensions,
-            strict_readiness=settings.strict_readiness,
-            shared_memory=SharedMemoryRegistry(enabled=settings.allow_client_shm),
-            cuda_shared_memory=CudaSharedMemoryRegistry(enabled=settings.allow_client_shm),
-        )
+        self.repository = _build_repository(settings, self._progress)
+        self.dataplane = build_dataplane(settings, self.repository)
         self._stop = asyncio.Event()
-        self._socket_files: list[Path] = []
         self.endpoints: list[str] = []
 
     def request_shutdown(self) -> None:
@@ -80,147 +52,58 @@ class InfermuxServer:
 
     async def run(self) -> None:
         """Load models, serve until asked to stop, then shut down gracefully."""
-        s = self.settings
-        http_sockets = self._http_sockets() if s.allow_http else []
-        grpc = self._grpc_server() if s.allow_grpc else None
+        sockets, socket_files = http_sockets(self.settings)
         try:
+            fronts = FrontEnds(self.settings, self.dataplane, sockets)
             with self._progress or contextlib.nullcontext():
                 await self.repository.start()
-            if grpc is not None:
-                await grpc.start()
-        except BaseException as exc:
-            for sock in http_sockets:
-                sock.close()
-            await self.repository.close()
-            if isinstance(exc, GrpcBindError):
-                raise StartupError(str(exc)) from None
-            raise
-        http: HttpServer | None = None
-        serving: asyncio.Task[None] | None = None
-        try:
-            if http_sockets:
-                http = HttpServer(
-                    HttpApp(self.dataplane, max_body=s.http_max_input_size),
-                    graceful_timeout=s.exit_timeout_secs,
-                    log_level="debug" if s.log_verbose > 1 else "warning",
-                )
-                serving = asyncio.create_task(http.serve(http_sockets), name="http")
-                await http.wait_started(serving)
-            self._announce(http_sockets, grpc)
-            await self._stop.wait() if serving is None else await _first(serving, self._stop)
-        finally:
-            await self._shutdown(http, serving, grpc, http_sockets)
-
-    def _http_sockets(self) -> list[socket.socket]:
-        s = self.settings
-        sockets = []
-        try:
-            if s.http_port != DISABLED_PORT:
-                sockets.append(_listen(s.host, s.http_port))
-            if s.http_uds is not None:
-                sockets.append(unix_socket.listen_unix(s.http_uds))
-                self._socket_files.append(s.http_uds)
-        except (OSError, unix_socket.SocketPathError) as exc:
+            await fronts.bind_grpc()
+        except BaseException:
             for sock in sockets:
                 sock.close()
-            raise StartupError(str(exc)) from None
-        return sockets
-
-    def _grpc_server(self) -> GrpcServer:
-        s = self.settings
-        addresses = []
-        if s.grpc_port != DISABLED_PORT:
-            host = f"[{s.host}]" if ":" in s.host else s.host
-            addresses.append(f"{host}:{s.grpc_port}")
-        if s.grpc_uds is not None:
-            try:
-                unix_socket.clear_stale(s.grpc_uds)
-            except unix_socket.SocketPathError as exc:
-                raise StartupError(str(exc)) from None
-            addresses.append(f"unix:{s.grpc_uds}")
-            self._socket_files.append(s.grpc_uds)
-        return GrpcServer(
-            self.dataplane,
-            addresses=addresses,
-            max_message_bytes=s.grpc_max_message_size,
-            graceful_timeout=s.exit_timeout_secs,
-        )
-
-    def _announce(self, http_sockets: list[socket.socket], grpc: GrpcServer | None) -> None:
-        s = self.settings
-        for sock in http_sockets:
-            name = sock.getsockname()
-            if isinstance(name, tuple):
-                self.endpoints.append(f"HTTP on http://{s.host}:{name[1]}")
-            else:
-                self.endpoints.append(f"HTTP on unix:{name}")
-        if grpc is not None:
-            if grpc.bound_port is not None:
-                self.endpoints.append(f"gRPC on {s.host}:{grpc.bound_port}")
-            if s.grpc_uds is not None:
-                unix_socket.set_mode(s.grpc_uds)
-                self.endpoints.append(f"gRPC on unix:{s.grpc_uds}")
-        models = self.repository.index(ready_only=True)
-        logger.info(
-            "infermux %s ready: %s (models: %s)",
-            __version__,
-            ", ".join(self.endpoints),
-            ", ".join(f"{e.name}:{e.version}" for e in models) or "none",
-        )
-
-    async def _shutdown(
-        self,
-        http: HttpServer | None,
-        serving: asyncio.Task[None] | None,
-        grpc: GrpcServer | None,
-        http_sockets: list[socket.socket],
-    ) -> None:
-        self.dataplane.begin_shutdown()
-        if http is not None:
-            http.shutdown()
-        stopping = [grpc.stop()] if grpc is not None else []
-        if serving is not None:
-            stopping.append(_quietly(serving))
-        await asyncio.gather(*stopping)
-        for sock in http_sockets:
-            sock.close()
-        await self.repository.close()
-        self.dataplane.close()
-        for path in self._socket_files:
-            unix_socket.remove(path)
-        logger.info("infermux stopped")
+            await self.repository.close()
+            raise
+        try:
+            await fronts.start_http()
+            self.endpoints = fronts.announce()
+            models = self.repository.index(ready_only=True)
+            logger.info(
+                "infermux %s ready: %s (models: %s)",
+                __version__,
+                ", ".join(self.endpoints),
+                ", ".join(f"{e.name}:{e.version}" for e in models) or "none",
+            )
+            await _until(self._stop, fronts.serving)
+        finally:
+            self.dataplane.begin_shutdown()
+            await fronts.stop()
+            await self.repository.close()
+            self.dataplane.close()
+            for path in socket_files:
+                unix_socket.remove(path)
+            logger.info("infermux stopped")
 
 
-async def _first(task: asyncio.Task[None], event: asyncio.Event) -> None:
-    stopped = asyncio.ensure_future(event.wait())
+async def _until(stop: asyncio.Event, task: asyncio.Task[None] | None) -> None:
+    """Wait for ``stop``, or for ``task`` to end (a failed HTTP server ends the process too)."""
+    stopped = asyncio.ensure_future(stop.wait())
     try:
-        await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({stopped} | ({task} if task else set()), return_when="FIRST_COMPLETED")
     finally:
         stopped.cancel()
 
 
-async def _quietly(task: asyncio.Task[None]) -> None:
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
-
-
-def _listen(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise StartupError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
-    sock.listen(2048)
-    sock.setblocking(False)
-    return sock
+class _Stoppable(Protocol):
+    def request_shutdown(self) -> None: ...
+    async def run(self) -> None: ...
 
 
 async def serve(settings: ServerSettings) -> None:
-    """Run a server with SIGINT/SIGTERM wired to a graceful shutdown."""
-    server = InfermuxServer(settings)
+    """Run a server (in this process, or supervising front-end and executor processes) with
+    SIGINT/SIGTERM wired to a graceful shutdown."""
+    server: _Stoppable = (
+        Supervisor(settings) if settings.frontends > 1 else InfermuxServer(settings)
+    )
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):  # not on Windows

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -10,6 +11,17 @@ from pathlib import Path
 DEFAULT_MAX_INPUT_SIZE = 64 * 1024 * 1024  # tritonserver's --http-max-input-size default
 DEFAULT_GRPC_MAX_MESSAGE_SIZE = 2**31 - 1  # as tritonserver and tritonclient: effectively no cap
 DISABLED_PORT = -1  # a front end with this port listens on its unix socket only
+MAX_FRONTENDS = 64
+
+
+def auto_frontends(cores: int | None = None) -> int:
+    """Front-end processes for ``--frontends auto``: one (everything in one process) below 8
+    cores, where extra processes would compete with the executor for the CPU; above, one per
+    four cores up to 8, leaving the rest to the executor's batcher and backend threads."""
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = cores or 1
+    return 1 if cores < 8 else min(8, cores // 4)
 
 
 def builtin_repository() -> Path:
@@ -52,3 +64,5 @@ class ServerSettings:
     http_uds: Path | None = None
     grpc_uds: Path | None = None
     grpc_max_message_size: int = DEFAULT_GRPC_MAX_MESSAGE_SIZE
+    frontends: int = 1
+    ipc_arena_mb: int = 256

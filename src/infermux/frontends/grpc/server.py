@@ -30,7 +30,8 @@ class GrpcServer:
 
     ``start`` binds every address (raising :class:`GrpcBindError` naming the first that fails) and
     starts serving; ``stop`` stops accepting and lets running RPCs finish for up to
-    ``graceful_timeout`` seconds before cancelling them.
+    ``graceful_timeout`` seconds before cancelling them. ``reuse_port`` lets the front-end
+    processes of one server bind the same port (the kernel spreads connections over them).
     """
 
     def __init__(
@@ -40,6 +41,7 @@ class GrpcServer:
         addresses: Sequence[str],
         max_message_bytes: int = MAX_MESSAGE_BYTES,
         graceful_timeout: float,
+        reuse_port: bool = False,
     ) -> None:
         if not addresses:
             raise ValueError("GrpcServer needs at least one address")
@@ -47,6 +49,7 @@ class GrpcServer:
         self.addresses = list(addresses)
         self._max_message_bytes = max_message_bytes
         self._graceful_timeout = graceful_timeout
+        self._reuse_port = reuse_port
         self._server: Any = None
         self._ports: dict[str, int] = {}
 
@@ -65,7 +68,8 @@ class GrpcServer:
                 ("grpc.max_receive_message_length", n),
                 # grpc turns SO_REUSEPORT on by default, so a second server on a busy port would
                 # bind silently and share its traffic; Triton also leaves it off by default.
-                ("grpc.so_reuseport", 0),
+                # Several front-end processes of one server share their port on purpose.
+                ("grpc.so_reuseport", int(self._reuse_port)),
             ]
         )
         service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(

@@ -1,0 +1,57 @@
+"""The data plane a server's settings describe, with its repository (one place for both the
+in-process server and the executor process to build it the same way)."""
+
+from __future__ import annotations
+
+from infermux import __version__
+from infermux.backends import BackendRegistry
+from infermux.repository import ControlMode, LoadObserver, ModelRepository
+from infermux.settings import ServerSettings
+from infermux.types import ServerMetadata
+
+from .cuda_shared_memory import CudaSharedMemoryRegistry
+from .plane import SERVER_NAME, DataPlane
+from .shared_memory import SharedMemoryRegistry
+
+# Only what is really served is announced; perf_analyzer and clients key behaviour off this list.
+EXTENSIONS = (
+    "binary_tensor_data",
+    "model_configuration",
+    "model_repository",
+    "parameters",
+    "statistics",
+)
+SHM_EXTENSIONS = ("system_shared_memory", "cuda_shared_memory")
+
+
+def extensions(settings: ServerSettings) -> tuple[str, ...]:
+    return EXTENSIONS + (SHM_EXTENSIONS if settings.allow_client_shm else ())
+
+
+def server_metadata(settings: ServerSettings) -> ServerMetadata:
+    """What ``GET /v2`` answers for these settings (front-end processes answer it themselves)."""
+    return ServerMetadata(SERVER_NAME, __version__, extensions(settings))
+
+
+def build_repository(
+    settings: ServerSettings, observer: LoadObserver | None = None
+) -> ModelRepository:
+    return ModelRepository(
+        settings.model_repositories,
+        BackendRegistry(),
+        control_mode=ControlMode(settings.model_control_mode),
+        startup_models=settings.load_models,
+        poll_seconds=settings.repository_poll_secs,
+        observer=observer,
+    )
+
+
+def build_dataplane(settings: ServerSettings, repository: ModelRepository) -> DataPlane:
+    return DataPlane(
+        repository,
+        version=__version__,
+        extensions=extensions(settings),
+        strict_readiness=settings.strict_readiness,
+        shared_memory=SharedMemoryRegistry(enabled=settings.allow_client_shm),
+        cuda_shared_memory=CudaSharedMemoryRegistry(enabled=settings.allow_client_shm),
+    )

@@ -1,0 +1,92 @@
+"""Messages between the supervisor and the processes it runs, over one socket per child.
+
+Rare and small (a channel to attach, a process that is ready), so they take the simplest path:
+length-prefixed msgpack over a socketpair, read with asyncio streams. The hot path never
+touches this socket; it uses the shared-memory channels these messages hand out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import struct
+
+import msgspec
+
+from infermux.ipc import ChannelSpec
+
+_LENGTH = struct.Struct("<I")
+
+
+class Attach(msgspec.Struct, tag=True):
+    """Supervisor -> child: serve (executor) or use (front end) this channel."""
+
+    spec: ChannelSpec
+
+
+class Detach(msgspec.Struct, tag=True):
+    """Supervisor -> child: the other end of ``channel`` is gone (``reason`` says why)."""
+
+    channel: str
+    reason: str
+
+
+class Stop(msgspec.Struct, tag=True):
+    """Supervisor -> child: shut down gracefully."""
+
+
+class Started(msgspec.Struct, tag=True):
+    """Front end -> supervisor: listening (``grpc_port`` is the TCP port gRPC got, if any)."""
+
+    grpc_port: int | None
+
+
+class Ready(msgspec.Struct, tag=True):
+    """Executor -> supervisor: models loaded, channels can be attached."""
+
+
+class Failed(msgspec.Struct, tag=True):
+    """Child -> supervisor: it cannot start, and exits; ``message`` says why."""
+
+    message: str
+
+
+Message = Attach | Detach | Stop | Started | Ready | Failed
+_decode = msgspec.msgpack.Decoder(Message).decode
+_encode = msgspec.msgpack.Encoder().encode
+
+
+class Control:
+    """One end of a control socket."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._reader = reader
+        self._writer = writer
+
+    @classmethod
+    async def open(cls, sock: socket.socket) -> Control:
+        reader, writer = await asyncio.open_unix_connection(sock=sock)
+        return cls(reader, writer)
+
+    def send(self, message: Message) -> None:
+        """Queue ``message`` (a dead peer is noticed by the reader, not here)."""
+        if self._writer.is_closing():
+            return
+        body = _encode(message)
+        self._writer.write(_LENGTH.pack(len(body)) + body)
+
+    async def receive(self) -> Message | None:
+        """The next message, or None once the peer has gone."""
+        try:
+            size = _LENGTH.unpack(await self._reader.readexactly(_LENGTH.size))[0]
+            return _decode(await self._reader.readexactly(size))
+        except (asyncio.IncompleteReadError, ConnectionError):
+            return None
+
+    async def drain(self) -> None:
+        with contextlib.suppress(ConnectionError):
+            await self._writer.drain()
+
+    def close(self) -> None:
+        self._writer.close()

@@ -1,0 +1,72 @@
+"""The executor process: the one data plane (models, batchers, GPU runtime) behind every front
+end. It loads the repository, tells the supervisor it is ready, then serves whatever channels
+the supervisor attaches, until told to stop (or until the supervisor is gone)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+
+from infermux.dataplane.assembly import build_dataplane, build_repository
+from infermux.dataplane.channel_server import ChannelServer
+from infermux.errors import InfermuxError, StartupError
+from infermux.progress import LoadProgress
+from infermux.settings import ServerSettings
+
+from .common import become_child, configure_logging, run
+from .control import Attach, Control, Detach, Failed, Ready, Stop
+
+logger = logging.getLogger("infermux.executor")
+
+
+def main(settings: ServerSettings, sock: socket.socket) -> None:
+    """Process entry point (spawned by the supervisor)."""
+    become_child()
+    configure_logging(settings, "executor")
+    run(_serve(settings, sock))
+
+
+async def _serve(settings: ServerSettings, sock: socket.socket) -> None:
+    control = await Control.open(sock)
+    progress = LoadProgress() if LoadProgress.wanted() else None
+    repository = build_repository(settings, progress)
+    plane = build_dataplane(settings, repository)
+    channels = ChannelServer(plane)
+    try:
+        with progress or contextlib.nullcontext():
+            await repository.start()
+    except (StartupError, InfermuxError, OSError) as exc:
+        control.send(Failed(str(exc)))
+        await control.drain()
+        await repository.close()
+        return
+    control.send(Ready())
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    detaching: set[asyncio.Task[None]] = set()
+
+    async def follow() -> None:
+        while (message := await control.receive()) is not None:
+            if isinstance(message, Attach):
+                channels.attach(message.spec)
+            elif isinstance(message, Detach):
+                task = asyncio.create_task(channels.detach(message.channel))
+                detaching.add(task)
+                task.add_done_callback(detaching.discard)
+            elif isinstance(message, Stop):
+                break
+        stop.set()  # told to, or the supervisor is gone
+
+    following = asyncio.create_task(follow())
+    await stop.wait()
+    following.cancel()
+    logger.info("executor stopping: finishing admitted requests")
+    plane.begin_shutdown()
+    await channels.close()
+    await asyncio.gather(*detaching)
+    await repository.close()
+    plane.close()
+    control.close()
