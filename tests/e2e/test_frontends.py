@@ -64,6 +64,7 @@ def http_inputs(
     model: str, binary: bool
 ) -> tuple[list[httpclient.InferInput], list[httpclient.InferRequestedOutput]]:
     rng = np.random.default_rng(7)
+    a: np.ndarray[Any, Any]
     if model == "simple_string":
         a = np.array([[str(i).encode() for i in range(16)]], dtype=np.object_)
         arrays = {"INPUT0": ("BYTES", a), "INPUT1": ("BYTES", a)}

@@ -1,15 +1,16 @@
 """One side of a front-end <-> executor channel on an asyncio loop.
 
 Frames are handed to ``on_frames`` as they arrive (the doorbell's fd is watched by the loop, so
-no thread waits); :meth:`Link.send` writes a frame and rings the peer's doorbell once per loop
-iteration however many frames were sent in it, which batches wake-ups under load. A full ring
-(the peer stalled) keeps frames in order in a backlog retried shortly, never drops them.
+no thread waits); :meth:`Link.send` writes a frame and rings the peer's doorbell, unless the
+frame can wait for the peer's next wake-up. A full ring (the peer stalled) keeps frames in
+order in a backlog retried shortly, never drops them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 from collections.abc import Callable
 
@@ -19,6 +20,7 @@ from infermux.ipc import Block, Endpoint
 logger = logging.getLogger(__name__)
 
 _RETRY_SECONDS = 0.0002
+_SPACE_POLL_SECONDS = 0.001
 
 
 class Link:
@@ -29,7 +31,6 @@ class Link:
         self._on_frames = on_frames
         self._loop = asyncio.get_running_loop()
         self._backlog: collections.deque[bytes] = collections.deque()
-        self._bell_due = False
         self._retry: asyncio.TimerHandle | None = None
         self._space = asyncio.Event()
         self.closed = False
@@ -51,20 +52,17 @@ class Link:
 
     # -- sending ----------------------------------------------------------------------------------
 
-    def send(self, frame: bytes) -> None:
-        """Queue ``frame`` for the peer (in order); it is woken at the end of this iteration."""
+    def send(self, frame: bytes, *, wake: bool = True) -> None:
+        """Write ``frame`` for the peer (in order) and ring its doorbell at once (deferring the
+        ring to the end of the loop iteration, to batch them, measured slower at low load).
+        ``wake=False`` leaves the frame for the peer's next wake-up: news that can wait (blocks
+        released) should not cost the peer a context switch of its own."""
         if self.closed:
             return
         if self._backlog or not self.endpoint.outbox.put(frame):
             self._backlog.append(frame)
             self._schedule_retry()
-        if not self._bell_due:
-            self._bell_due = True
-            self._loop.call_soon(self._ring)
-
-    def _ring(self) -> None:
-        self._bell_due = False
-        if not self.closed:
+        if wake:
             self.endpoint.bell.ring()
 
     def _schedule_retry(self) -> None:
@@ -94,7 +92,10 @@ class Link:
             )
         while (block := arena.allocate(size)) is None:
             self._space.clear()
-            await self._space.wait()
+            # Releases travel without a wake-up (see send), so look for them ourselves too.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._space.wait(), _SPACE_POLL_SECONDS)
+            self._drain()
             if self.closed:
                 raise ConnectionError("the channel closed while waiting for arena space")
         return block

@@ -166,7 +166,7 @@ class RemoteDataPlane:
 
     def _send_released(self, link: Link) -> None:
         if self._released and link is self._link:
-            link.send(encode(Release(self._released)))
+            link.send(encode(Release(self._released)), wake=False)
         self._released = []
 
     # -- inference --------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ _U64 = struct.Struct("<Q")
 _U32 = struct.Struct("<I")
 _WRAP = 0xFFFFFFFF
 _HEAD, _TAIL = 0, 64  # byte counts, each on its own cache line
+_HEAD_WORD, _TAIL_WORD = _HEAD // 8, _TAIL // 8
 META = 128
 """Bytes before the data area."""
 
@@ -49,6 +50,13 @@ class FrameRing:
             raise ValueError(f"a ring needs more than {META + _U32.size} bytes")
         self.segment = segment
         self._buf = segment.buf
+        # The two counters as native 8-byte words: memoryview reads and writes one element with
+        # a single aligned 8-byte load/store, which x86-64 makes atomic. struct.pack_into would
+        # not do: it zero-fills its target before writing the bytes, so a reader in the other
+        # process can see a counter of 0 for an instant, miss a published frame, and with its
+        # doorbell already cleared, sleep on it (found by tests/unit/ipc/test_ring.py's
+        # two-process stress test).
+        self._words = segment.buf[:META].cast("Q")
         self.capacity = segment.size - META
 
     @classmethod
@@ -74,9 +82,9 @@ class FrameRing:
         size = _U32.size + len(frame)
         if size > self.capacity:
             raise ValueError(f"a {len(frame)}-byte frame exceeds the ring's {self.max_frame}")
-        buf = self._buf
-        head = _U64.unpack_from(buf, _HEAD)[0]
-        tail = _U64.unpack_from(buf, _TAIL)[0]
+        buf, words = self._buf, self._words
+        head = words[_HEAD_WORD]
+        tail = words[_TAIL_WORD]
         pos = tail % self.capacity
         skip = self.capacity - pos if pos + size > self.capacity else 0
         if tail + skip + size - head > self.capacity:
@@ -87,14 +95,14 @@ class FrameRing:
             pos = 0
         _U32.pack_into(buf, META + pos, len(frame))
         buf[META + pos + _U32.size : META + pos + size] = frame
-        _U64.pack_into(buf, _TAIL, tail + skip + size)  # publish: after the bytes
+        words[_TAIL_WORD] = tail + skip + size  # publish: after the bytes
         return True
 
     def take(self) -> list[bytes]:
         """Every frame published so far, oldest first (empty when there are none)."""
-        buf = self._buf
-        head = _U64.unpack_from(buf, _HEAD)[0]
-        tail = _U64.unpack_from(buf, _TAIL)[0]  # read before the bytes it covers
+        buf, words = self._buf, self._words
+        head = words[_HEAD_WORD]
+        tail = words[_TAIL_WORD]  # read before the bytes it covers
         frames = []
         while head < tail:
             pos = head % self.capacity
@@ -109,10 +117,11 @@ class FrameRing:
             start = META + pos + _U32.size
             frames.append(bytes(buf[start : start + length]))
             head += _U32.size + length
-        _U64.pack_into(buf, _HEAD, head)  # hand the space back after copying the frames out
+        words[_HEAD_WORD] = head  # hand the space back after copying the frames out
         return frames
 
     def close(self) -> None:
+        self._words.release()
         self._buf = memoryview(b"")
         self.segment.close()
 

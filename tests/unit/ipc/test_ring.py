@@ -7,11 +7,13 @@ import multiprocessing
 import time
 from collections import deque
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from infermux.ipc import Channel, ChannelSpec, Endpoint
 from infermux.ipc.ring import META, ORDERED_STORES, Doorbell, FrameRing
 
 pytestmark = pytest.mark.skipif(not ORDERED_STORES, reason="the ring runs on x86-64 only")
@@ -98,7 +100,7 @@ def _produce(name: str, producer: int, count: int) -> None:
         frame = f"{producer}:{i}".encode() * (1 + i % 7)
         while not ring.put(frame):
             time.sleep(0)
-    ring.segment.close()
+    ring.close()
 
 
 def test_producers_in_other_processes_each_with_a_ring() -> None:
@@ -124,3 +126,56 @@ def test_producers_in_other_processes_each_with_a_ring() -> None:
         for ring in rings:
             ring.close()
     assert [process.exitcode for process in processes] == [0, 0]
+
+
+def _echo(spec: ChannelSpec) -> None:
+    """Answer every frame starting with A (ringing); frames starting with B are only read."""
+    import select
+
+    end = Endpoint(spec, "executor")
+    try:
+        while True:
+            select.select([end.wake.fileno()], [], [], 10)
+            end.wake.clear()
+            for frame in end.inbox.take():
+                if frame == b"stop":
+                    return
+                if frame.startswith(b"A"):
+                    assert end.outbox.put(frame)
+                    end.bell.ring()
+    finally:
+        end.close()
+
+
+def test_no_wakeup_is_lost_when_unrung_frames_follow_rung_ones(tmp_path: Path) -> None:
+    """The pattern the front ends use (a request rung, then a release left for the next wake-up)
+    while the reader drains concurrently: every rung frame must be seen. A counter written
+    non-atomically (struct zero-fills before it writes) once made the reader see a tail of 0,
+    miss the request and sleep on it, within a few thousand round trips."""
+    channel = Channel(tmp_path, ring_bytes=64 * 1024, arena_bytes=4096)
+    context = multiprocessing.get_context("spawn")
+    echo = context.Process(target=_echo, args=(channel.spec,))
+    echo.start()
+    end = Endpoint(channel.spec, "frontend")
+    try:
+        for i in range(5_000):
+            assert end.outbox.put(b"A%d" % i)
+            end.bell.ring()
+            # Keep writing unrung frames until the answer comes, so that the reader's drain
+            # overlaps a counter update as often as possible.
+            answers: list[bytes] = []
+            deadline = time.monotonic() + 5
+            while not answers:
+                assert time.monotonic() < deadline, f"round trip {i} stalled: a lost wake-up"
+                end.outbox.put(b"B")  # may not fit: then the next try
+                answers = end.inbox.take()
+            assert answers == [b"A%d" % i]
+        assert end.outbox.put(b"stop")
+        end.bell.ring()
+        echo.join(30)
+        assert echo.exitcode == 0
+    finally:
+        if echo.is_alive():
+            echo.kill()
+        end.close()
+        channel.close()
