@@ -92,6 +92,7 @@ def start_profiler(
         "100",
         "--format",
         "speedscope",
+        "--subprocesses",  # with --frontends N the work is in child processes
         "--nonblocking",  # don't stop the server to sample it: it keeps its throughput
         "--output",
         str(path),

@@ -75,6 +75,7 @@ class Bench:
         self.args = args
         self.clock = Clock(args.deadline)
         self.nvml = Nvml()
+        self.frontends: dict[str, int] = {}  # server label -> infermux --frontends
         self.out: Path = args.out
         self.work = Path(tempfile.mkdtemp(prefix="infermux-gpubench-"))
         self.doc: dict[str, Any] = {
@@ -117,12 +118,13 @@ class Bench:
             f"{model}: ceiling {raw['ceiling_items_per_s']:,.0f} items/s, "
             f"batch-1 {raw['b1_latency_ms']:.3f} ms, export {raw['export_s']} s"
         )
-        for name in args.servers:
-            protocols = [p for p in args.protocols if p in PROTOCOLS[name]] or list(PROTOCOLS[name])
+        for name, kind, frontends in server_runs(args):
+            protocols = [p for p in args.protocols if p in PROTOCOLS[kind]] or list(PROTOCOLS[kind])
             if not self.clock.allows(20 + args.warmup + args.window + POINT_OVERHEAD_S):
                 entry["servers"][name] = {"skipped": "deadline"}
                 self.clock.log(f"{model}/{name}: skipped (deadline)")
                 continue
+            self.frontends[name] = frontends
             entry["servers"][name] = self.run_server(model, name, protocols)
             self.save()
 
@@ -189,7 +191,7 @@ class Bench:
                     k: warm.get(k) for k in ("items_per_s", "errors", "error", "mismatched")
                 }
             entry["memory_after_warmup"] = self.server_memory(server, baseline)
-            if name == "infermux":  # its own accounting: weights, buffers, graph pools, staging
+            if name.startswith("infermux"):  # its own accounting: weights, buffers, graph pools, staging
                 try:
                     stats = get_json(f"{server.http_url}/v2/models/{model}/stats")
                     entry["infermux_memory_usage"] = stats["model_stats"][0].get("memory_usage")
@@ -219,8 +221,10 @@ class Bench:
 
     def start(self, model: str, name: str, log: Path) -> Server:
         args = self.args
-        if name == "infermux":
-            return start_infermux(self.work / "repos" / model, model, log)
+        if name in self.frontends and name.startswith("infermux"):
+            return start_infermux(
+                self.work / "repos" / model, model, log, frontends=self.frontends[name]
+            )
         spec = model_spec(model, args.tiny)
         return start_peer(
             name,
@@ -335,15 +339,30 @@ class Bench:
         )
 
 
+def server_runs(args: argparse.Namespace) -> list[tuple[str, str, int]]:
+    """(label, server kind, front-end processes) of every server run: infermux once per
+    ``--frontends`` value (labelled ``infermux-fN`` when more than the default is asked)."""
+    runs = []
+    for kind in args.servers:
+        if kind != "infermux":
+            runs.append((kind, kind, 1))
+        elif args.frontends == [1]:
+            runs.append(("infermux", kind, 1))
+        else:
+            runs.extend((f"infermux-f{n}", kind, n) for n in args.frontends)
+    return runs
+
+
 def estimate_s(args: argparse.Namespace) -> float:
     """Rough wall time of the requested run, printed up front."""
     points = 0
-    for name in args.servers:
-        protocols = [p for p in args.protocols if p in PROTOCOLS[name]] or PROTOCOLS[name]
+    runs = server_runs(args)
+    for _, kind, _ in runs:
+        protocols = [p for p in args.protocols if p in PROTOCOLS[kind]] or PROTOCOLS[kind]
         points += len(protocols) * len(args.concurrency)
     per_model = (
         30  # export + raw
-        + len(args.servers) * (15 + args.server_warmup)
+        + len(runs) * (15 + args.server_warmup)
         + points * (args.warmup + args.window + POINT_OVERHEAD_S)
     )
     return float(per_model * len(args.models))
@@ -382,6 +401,12 @@ def parse_args() -> argparse.Namespace:
         help="infermux's protocols (the peers always use their JSON route)",
     )
     p.add_argument("--instances", type=int, default=4, help="infermux instance_group count")
+    p.add_argument(
+        "--frontends",
+        type=ints,
+        default=[1],
+        help="infermux --frontends values, each a server run (e.g. 1,2,4,8)",
+    )
     p.add_argument(
         "--gpus", default="", help="instance_group gpus (e.g. 0,1: --instances on each GPU)"
     )

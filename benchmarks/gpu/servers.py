@@ -36,7 +36,9 @@ def _env() -> dict[str, str]:
     return dict(os.environ, PYTHONUNBUFFERED="1")
 
 
-def start_infermux(repo: Path, model: str, log: Path, timeout: float = 300) -> Server:
+def start_infermux(
+    repo: Path, model: str, log: Path, timeout: float = 300, frontends: int = 1
+) -> Server:
     command = [
         sys.executable,
         "-m",
@@ -54,6 +56,8 @@ def start_infermux(repo: Path, model: str, log: Path, timeout: float = 300) -> S
         "0",
         "--allow-client-shm",
         "true",
+        "--frontends",
+        str(frontends),
     ]
     process = GroupProcess("infermux", command, log, _env())
     server = Server("infermux", process)

@@ -43,7 +43,10 @@ class Started(msgspec.Struct, tag=True):
 
 
 class Ready(msgspec.Struct, tag=True):
-    """Executor -> supervisor: models loaded, channels can be attached."""
+    """Executor -> supervisor: models loaded (``models``: ``name:version`` of each ready one),
+    channels can be attached."""
+
+    models: list[str]
 
 
 class Failed(msgspec.Struct, tag=True):

@@ -43,7 +43,8 @@ async def _serve(settings: ServerSettings, sock: socket.socket) -> None:
         await control.drain()
         await repository.close()
         return
-    control.send(Ready())
+    models = repository.index(ready_only=True)
+    control.send(Ready([f"{e.name}:{e.version}" for e in models]))
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     detaching: set[asyncio.Task[None]] = set()

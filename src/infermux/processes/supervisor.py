@@ -126,9 +126,10 @@ class Supervisor:
         for slot in self._slots[1:]:
             assert slot.child is not None
             await self._expect(slot.child, Started)
-        await self._expect(self._executor, Ready)
+        ready = await self._expect(self._executor, Ready)
+        assert isinstance(ready, Ready)
         self._connect_all()
-        self._announce()
+        self._announce(ready.models)
 
     async def _expect(self, child: _Child, kind: type[Started] | type[Ready]) -> Started | Ready:
         """Wait for ``child``'s first message at start-up, which must be ``kind``; news of the
@@ -151,7 +152,7 @@ class Supervisor:
             for event in deferred:
                 self._events.put_nowait(event)
 
-    def _announce(self) -> None:
+    def _announce(self, models: list[str]) -> None:
         s = self.settings
         for sock in self._sockets:
             name = sock.getsockname()
@@ -163,10 +164,12 @@ class Supervisor:
             self.endpoints.append(f"gRPC on {s.host}:{self._grpc_port}")
         if s.allow_grpc and s.grpc_uds is not None:
             self.endpoints.append(f"gRPC on unix:{s.grpc_uds}")
+        # The same line as the one-process server's, which scripts and tests wait for.
         logger.info(
-            "infermux %s ready: %s (%d front-end processes, executor pid %d)",
+            "infermux %s ready: %s (models: %s; %d front-end processes, executor pid %d)",
             __version__,
             ", ".join(self.endpoints),
+            ", ".join(models) or "none",
             len(self._slots),
             self._executor.process.pid or 0 if self._executor else 0,
         )
