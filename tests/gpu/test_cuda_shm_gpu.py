@@ -1,6 +1,7 @@
 """CUDA shared memory on a GPU: inputs in a client's GPU memory reach a PyTorch instance without a
 host copy (gathered device to device, into graph inputs too), and the extension works end to end
-with tritonclient's CUDA shared-memory utilities against a real ``infermux serve``."""
+with tritonclient's CUDA shared-memory utilities against a real ``infermux serve``, in one
+process and with several front-end processes."""
 
 from __future__ import annotations
 
@@ -73,8 +74,12 @@ dynamic_batching {{ }}
 """
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+@pytest.fixture(scope="module", params=[1, 2], ids=["frontends1", "frontends2"])
+def server(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[ServerProcess]:
+    """The server in one process, and as two front ends over an executor (the regions are
+    then opened by the executor, which owns the model)."""
     repo = tmp_path_factory.mktemp("repo")
     (repo / "wide" / "1").mkdir(parents=True)
     (repo / "wide" / "config.pbtxt").write_text(CONFIG.format(width=WIDTH, graphs=GRAPHS))
@@ -82,9 +87,16 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
         warnings.simplefilter("ignore", DeprecationWarning)
         scripted: torch.jit.ScriptModule = torch.jit.script(Wide().eval())
         scripted.save(str(repo / "wide" / "1" / "model.pt"))
-    with start_server("--model-repository", str(repo), "--allow-client-shm", "true") as server:
+    with start_server(
+        "--model-repository",
+        str(repo),
+        "--allow-client-shm",
+        "true",
+        "--frontends",
+        str(request.param),
+    ) as server:
         yield server
-        server.stop()
+        assert server.stop() == 0
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "http"])
