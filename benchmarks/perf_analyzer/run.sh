@@ -18,6 +18,7 @@
 #   PA_EXTRA    extra perf_analyzer flags (default: none)
 #   PA_TIMEOUT  per-mode wall-clock limit in seconds (default: 180)
 #   READY_TIMEOUT seconds to wait for /v2/health/ready (default: 60)
+#   SERVER_ARGS extra `infermux serve` flags (default: none), e.g. "--frontends 2"
 #
 # Do not run two copies at once: perf_analyzer names its system shared-memory keys after the tensors
 # ("/OUTPUT0", "/INPUT0_0_0", ...), so concurrent runs on one host collide in /dev/shm.
@@ -38,6 +39,7 @@ PA_EXTRA=${PA_EXTRA:-}
 PA_RETRIES=${PA_RETRIES:-1}
 PA_TIMEOUT=${PA_TIMEOUT:-180}
 READY_TIMEOUT=${READY_TIMEOUT:-60}
+SERVER_ARGS=${SERVER_ARGS:-}
 
 log() { printf '[run.sh %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
@@ -96,8 +98,9 @@ trap 'exit 143' TERM
 
 log "starting infermux: http=$HTTP_PORT grpc=$GRPC_PORT metrics=$METRICS_PORT (log: $OUT/server.log)"
 # setsid: the server (and anything it spawns) gets its own process group, killed as a whole in cleanup.
+# shellcheck disable=SC2086  # SERVER_ARGS is deliberately word-split
 setsid "$PYTHON" -m infermux serve --allow-client-shm \
-  --http-port "$HTTP_PORT" --grpc-port "$GRPC_PORT" --metrics-port "$METRICS_PORT" \
+  --http-port "$HTTP_PORT" --grpc-port "$GRPC_PORT" --metrics-port "$METRICS_PORT" $SERVER_ARGS \
   >"$OUT/server.log" 2>&1 </dev/null &
 SERVER_PID=$!
 SERVER_PGID=$(ps -o pgid= -p "$SERVER_PID" 2>/dev/null | tr -d ' ' || true)

@@ -6,6 +6,7 @@ it only ever see these types.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,10 +81,7 @@ def element_size(datatype: str) -> int:
 
 def element_count(shape: tuple[int, ...]) -> int:
     """Number of elements of a (fully known) shape; a scalar shape ``()`` holds one."""
-    count = 1
-    for dim in shape:
-        count *= dim
-    return count
+    return math.prod(shape)
 
 
 @dataclass(slots=True)
