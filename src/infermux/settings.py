@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import platform
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -18,6 +19,8 @@ def auto_frontends(cores: int | None = None) -> int:
     """Front-end processes for ``--frontends auto``: one (everything in one process) below 8
     cores, where extra processes would compete with the executor for the CPU; above, one per
     four cores up to 8, leaving the rest to the executor's batcher and backend threads."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return 1  # the shared-memory ring needs x86-64's store ordering (docs/decisions.md)
     if cores is None:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     cores = cores or 1

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import multiprocessing
+import platform
 import shutil
 import socket
 import tempfile
@@ -29,6 +30,7 @@ from infermux.errors import StartupError
 from infermux.frontends import unix_socket
 from infermux.frontends.serving import http_sockets
 from infermux.ipc import Channel
+from infermux.ipc.ring import ORDERED_STORES
 from infermux.settings import DISABLED_PORT, ServerSettings
 
 from . import executor, frontend
@@ -91,6 +93,12 @@ class Supervisor:
     # -- running ----------------------------------------------------------------------------------
 
     async def run(self) -> None:
+        if not ORDERED_STORES:
+            raise StartupError(
+                f"--frontends {self.settings.frontends}: several front-end processes need the "
+                f"shared-memory ring, which needs x86-64 (this is {platform.machine()}); "
+                "use --frontends 1"
+            )
         sockets, socket_files = http_sockets(self.settings)
         self._sockets = sockets
         try:
