@@ -2,24 +2,26 @@
 # Issue 7's measurements on the GPU machine (run through the device tool from the repo root with
 # .whl carried; see ../shared/device.md). Step "tests": the GPU tests, the multi-process tests and
 # the hop benchmark; step "bench": ResNet-50 with 1, 2, 4 and 8 front-end processes.
-#   bash benchmarks/frontends/device.sh tests|bench
+#   bash benchmarks/frontends/device.sh tests|bench|both
 set -u
+rm -rf /tmp/site  # a warm machine keeps the last install, which pip --target would not replace
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 PATH=/tmp/site/bin:$PATH
 R=${OUT:-/tmp/out}/res
 mkdir -p "$R"
 nproc >"$R/nproc.txt"
 case ${1:-tests} in
-tests)
-  timeout 240 python3 -m pytest -p no:cacheprovider -m gpu tests/gpu -q -rs >"$R/gpu-tests.log" 2>&1
+tests | both)
+  [ -n "${SKIP_GPU_TESTS:-}" ] ||
+    timeout 240 python3 -m pytest -p no:cacheprovider -m gpu tests/gpu -q -rs >"$R/gpu-tests.log" 2>&1
   timeout 150 python3 -m pytest -p no:cacheprovider -q tests/e2e/test_frontends.py tests/unit/ipc \
     tests/unit/dataplane/test_remote.py >"$R/frontends-tests.log" 2>&1
   timeout 120 python3 benchmarks/frontends/hop.py --requests 5000 --out "$R" >"$R/hop.log" 2>&1
-  ;;
-bench)
+  ;;&
+bench | both)
   timeout 560 python3 benchmarks/gpu/run.py --out "$R/gpu" --models "${MODELS:-resnet50}" \
     --servers infermux --frontends "${FRONTENDS:-1,2,4,8}" --protocols "${PROTOCOLS:-grpc_shm,http}" \
-    --concurrency "${CONCURRENCY:-64,256}" --deadline 540 >"$R/bench.log" 2>&1
+    --concurrency "${CONCURRENCY:-64,256}" --deadline "${DEADLINE:-540}" >"$R/bench.log" 2>&1
   ;;
 esac
 tar czf "${OUT:-/tmp/out}/res.tgz" -C "$R" .
