@@ -6,7 +6,8 @@ Python backend receives the list of requests and may use these helpers itself.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -30,8 +31,16 @@ def compatible(a: ModelRequest, b: ModelRequest) -> bool:
     return True
 
 
-def stack(requests: Sequence[ModelRequest]) -> dict[str, npt.NDArray[np.generic]]:
-    """Concatenate each input of ``requests`` along the batch dimension (requests in order)."""
+StackTarget = Callable[[str, tuple[int, ...], np.dtype[Any]], npt.NDArray[Any] | None]
+"""Where a backend wants input ``name`` of a batch stacked (e.g. its pinned staging buffer, so
+the batch is copied once, not stacked and then copied again), or None for a new array."""
+
+
+def stack(
+    requests: Sequence[ModelRequest], into: StackTarget | None = None
+) -> dict[str, npt.NDArray[np.generic]]:
+    """Concatenate each input of ``requests`` along the batch dimension (requests in order),
+    into the arrays ``into`` offers where it offers one."""
     if not requests:
         raise ValueError("cannot stack an empty batch")
     first = requests[0]
@@ -40,9 +49,13 @@ def stack(requests: Sequence[ModelRequest]) -> dict[str, npt.NDArray[np.generic]
             raise InvalidArgumentError("requests with different input shapes cannot be stacked")
     if len(requests) == 1:
         return dict(first.inputs)
-    return {
-        name: np.concatenate([r.inputs[name] for r in requests], axis=0) for name in first.inputs
-    }
+    stacked = {}
+    for name in first.inputs:
+        parts = [r.inputs[name] for r in requests]
+        shape = (sum(p.shape[0] for p in parts), *parts[0].shape[1:])
+        target = into(name, shape, parts[0].dtype) if into is not None else None
+        stacked[name] = np.concatenate(parts, axis=0, out=target)
+    return stacked
 
 
 def device_parts(requests: Sequence[ModelRequest]) -> dict[str, list[DeviceArray]]:

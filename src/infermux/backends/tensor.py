@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -52,9 +53,16 @@ class StackedInstance(abc.ABC):
             )
         return self.run(inputs)
 
+    def stack_target(
+        self, name: str, shape: tuple[int, ...], dtype: np.dtype[Any]
+    ) -> npt.NDArray[Any] | None:
+        """Where to stack input ``name`` of a batch (see :data:`~.stacking.StackTarget`);
+        None: a new array. Backends that copy the batch again (to a device) override it."""
+        return None
+
     def execute(self, requests: Sequence[ModelRequest]) -> Sequence[ExecuteResult]:
         try:
-            outputs = self.run_batch(stack(requests), device_parts(requests))
+            outputs = self.run_batch(stack(requests, self.stack_target), device_parts(requests))
         except InfermuxError as exc:
             return [exc] * len(requests)
         arrays = {name: np.asarray(value) for name, value in outputs.items()}

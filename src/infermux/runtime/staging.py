@@ -71,6 +71,15 @@ class StagingBuffers:
             lambda n: torch.empty(n, dtype=torch.uint8, device=self.device),
         )
 
+    def pinned_input(
+        self, name: str, shape: tuple[int, ...], dtype: np.dtype[Any]
+    ) -> npt.NDArray[Any]:
+        """A ``shape`` array of ``dtype`` over the pinned buffer of input ``name`` (grown if
+        needed). A batch stacked straight into it is uploaded without a second host copy."""
+        size = math.prod(shape) * dtype.itemsize
+        host = _grow(self._pinned_in, name, size, _pinned)
+        return host.numpy()[:size].view(dtype).reshape(shape)
+
     def upload_into(self, name: str, array: npt.NDArray[Any], target: torch.Tensor) -> None:
         """Copy ``array`` into the first rows of the device tensor ``target`` (e.g. a CUDA graph's
         static input) through the pinned buffer, asynchronously on the current stream."""
@@ -78,8 +87,10 @@ class StagingBuffers:
 
         size = array.nbytes
         host = _grow(self._pinned_in, name, size, _pinned)
-        # np.copyto reads read-only and strided arrays alike, and any numpy dtype (bfloat16 too).
-        np.copyto(host.numpy()[:size].view(array.dtype).reshape(array.shape), array)
+        if not (array.ctypes.data == host.data_ptr() and array.flags.c_contiguous):
+            # Not stacked in place (see pinned_input). np.copyto reads read-only and strided
+            # arrays alike, and any numpy dtype (bfloat16 too).
+            np.copyto(host.numpy()[:size].view(array.dtype).reshape(array.shape), array)
         # Bytes to bytes: ``target`` is contiguous, so its leading bytes are the batch's rows.
         target.view(-1).view(torch.uint8)[:size].copy_(host[:size], non_blocking=True)
 

@@ -72,3 +72,26 @@ def test_split_checks_row_counts() -> None:
         split({"y": np.zeros((3, 1))}, [2, 2])
     with pytest.raises(InvalidArgumentError, match="has 0 rows"):
         split({"y": np.array(1.0)}, [1])
+
+
+def test_stack_into_a_buffer_the_backend_offers() -> None:
+    """A backend with a staging buffer gets the batch stacked straight into it (one copy)."""
+    buffer = np.zeros(64, dtype=np.uint8)
+    offered: list[tuple[str, tuple[int, ...]]] = []
+
+    def into(name: str, shape: tuple[int, ...], dtype: np.dtype[Any]) -> npt.NDArray[Any] | None:
+        offered.append((name, shape))
+        if name != "x":
+            return None  # "y" goes to a new array
+        return buffer[: int(np.prod(shape)) * dtype.itemsize].view(dtype).reshape(shape)
+
+    requests = [
+        ModelRequest({"x": np.full((1, 3), i, np.int32), "y": np.ones((1, 2), np.int8)}, ())
+        for i in range(3)
+    ]
+    stacked = stack(requests, into)
+    assert offered == [("x", (3, 3)), ("y", (3, 2))]
+    assert np.shares_memory(stacked["x"], buffer)
+    assert stacked["x"].tolist() == [[0, 0, 0], [1, 1, 1], [2, 2, 2]]
+    assert not np.shares_memory(stacked["y"], buffer)
+    assert stacked["y"].shape == (3, 2)
