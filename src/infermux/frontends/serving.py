@@ -43,6 +43,18 @@ def http_sockets(settings: ServerSettings) -> tuple[list[socket.socket], list[Pa
     return sockets, files
 
 
+def http_endpoints(host: str, sockets: list[socket.socket]) -> list[str]:
+    """Where ``sockets`` listen, as the ready log line says it."""
+    endpoints = []
+    for sock in sockets:
+        name = sock.getsockname()
+        if isinstance(name, tuple):
+            endpoints.append(f"HTTP on http://{host}:{name[1]}")
+        else:
+            endpoints.append(f"HTTP on unix:{name}")
+    return endpoints
+
+
 def _listen(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -145,13 +157,7 @@ class FrontEnds:
     def announce(self) -> list[str]:
         """Where this process listens, as log-friendly strings (also kept in :attr:`endpoints`)."""
         s = self._settings
-        self.endpoints = []
-        for sock in self._sockets:
-            name = sock.getsockname()
-            if isinstance(name, tuple):
-                self.endpoints.append(f"HTTP on http://{s.host}:{name[1]}")
-            else:
-                self.endpoints.append(f"HTTP on unix:{name}")
+        self.endpoints = http_endpoints(s.host, self._sockets)
         if self._grpc is not None:
             if self._grpc.bound_port is not None:
                 self.endpoints.append(f"gRPC on {s.host}:{self._grpc.bound_port}")

@@ -61,6 +61,7 @@ async def _serve(
         )
         await fronts.bind_grpc()
         await fronts.start_http()
+        fronts.announce()  # sets the gRPC unix socket's mode, as in one process
     except StartupError as exc:
         control.send(Failed(str(exc)))
         await control.drain()

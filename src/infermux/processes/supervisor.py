@@ -28,7 +28,7 @@ from typing import Any, Literal
 from infermux import __version__
 from infermux.errors import StartupError
 from infermux.frontends import unix_socket
-from infermux.frontends.serving import http_sockets
+from infermux.frontends.serving import http_endpoints, http_sockets
 from infermux.ipc import Channel
 from infermux.ipc.ring import ORDERED_STORES
 from infermux.settings import DISABLED_PORT, ServerSettings
@@ -162,12 +162,7 @@ class Supervisor:
 
     def _announce(self, models: list[str]) -> None:
         s = self.settings
-        for sock in self._sockets:
-            name = sock.getsockname()
-            if isinstance(name, tuple):
-                self.endpoints.append(f"HTTP on http://{s.host}:{name[1]}")
-            else:
-                self.endpoints.append(f"HTTP on unix:{name}")
+        self.endpoints = http_endpoints(s.host, self._sockets)
         if s.allow_grpc and self._grpc_port != DISABLED_PORT:
             self.endpoints.append(f"gRPC on {s.host}:{self._grpc_port}")
         if s.allow_grpc and s.grpc_uds is not None:
