@@ -191,7 +191,8 @@ class Bench:
                     k: warm.get(k) for k in ("items_per_s", "errors", "error", "mismatched")
                 }
             entry["memory_after_warmup"] = self.server_memory(server, baseline)
-            if name.startswith("infermux"):  # its own accounting: weights, buffers, graph pools, staging
+            # infermux's own accounting: weights, buffers, graph pools, staging
+            if name.startswith("infermux"):
                 try:
                     stats = get_json(f"{server.http_url}/v2/models/{model}/stats")
                     entry["infermux_memory_usage"] = stats["model_stats"][0].get("memory_usage")
