@@ -284,3 +284,52 @@ def test_bad_frontends_value_is_refused() -> None:
     )
     assert done.returncode == 2
     assert "--frontends" in done.stderr
+
+
+def test_start_up_errors_stop_the_server_with_the_reason(tmp_path: Path) -> None:
+    import shutil
+    import subprocess
+    import sys
+
+    shutil.copytree(builtin_repository() / "simple", tmp_path / "simple")
+    command = [sys.executable, "-m", "infermux", "serve", "--frontends", "2"]
+    command += ["--http-port", "0", "--grpc-port", "0"]
+    command += ["--model-repository", str(builtin_repository())]
+    command += ["--model-repository", str(tmp_path)]
+    done = subprocess.run(
+        command,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1
+    assert "model 'simple' also exists" in done.stderr
+
+
+def test_explicit_model_control_and_grpc_on_a_unix_socket(tmp_path: Path) -> None:
+    socket_path = tmp_path / "grpc.sock"
+    with start_server(
+        "--frontends",
+        "2",
+        "--model-control-mode",
+        "explicit",
+        "--grpc-uds",
+        str(socket_path),
+    ) as server:
+        with httpclient.InferenceServerClient(server.url) as client:
+            assert not client.is_model_ready("simple")
+            client.load_model("simple")
+            assert client.is_model_ready("simple")
+        # gRPC on the unix socket (served by front end 0) sees the same executor.
+        with grpcclient.InferenceServerClient(f"unix://{socket_path}") as client:
+            a = np.arange(16, dtype=np.int32).reshape(1, 16)
+            inputs = [grpcclient.InferInput(n, [1, 16], "INT32") for n in ("INPUT0", "INPUT1")]
+            for tensor in inputs:
+                tensor.set_data_from_numpy(a)
+            np.testing.assert_array_equal(client.infer("simple", inputs).as_numpy("OUTPUT0"), 2 * a)
+            client.unload_model("simple")
+            wait_for(lambda: not client.is_model_ready("simple"), 30)
+        assert oct(socket_path.stat().st_mode & 0o777) == "0o660"
+        assert server.stop() == 0
+    assert not socket_path.exists()
