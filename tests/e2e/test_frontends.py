@@ -26,6 +26,10 @@ from tests.support import SLOW_MODEL, ServerProcess, start_server, write_model
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs Linux /proc")
 
+# Small transfer arenas, so that a /dev/shm as small as Docker's default (64 MiB) holds three
+# front ends' channels (the server refuses to start when it cannot).
+SMALL_ARENAS = ("--ipc-arena-mb", "4")
+
 
 @pytest.fixture(scope="module")
 def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -43,6 +47,7 @@ def serve(repository: Path, frontends: int) -> ServerProcess:
         "--frontends",
         str(frontends),
         "--allow-client-shm",
+        *SMALL_ARENAS,
     )
 
 
@@ -292,7 +297,7 @@ def test_start_up_errors_stop_the_server_with_the_reason(tmp_path: Path) -> None
     import sys
 
     shutil.copytree(builtin_repository() / "simple", tmp_path / "simple")
-    command = [sys.executable, "-m", "infermux", "serve", "--frontends", "2"]
+    command = [sys.executable, "-m", "infermux", "serve", "--frontends", "2", *SMALL_ARENAS]
     command += ["--http-port", "0", "--grpc-port", "0"]
     command += ["--model-repository", str(builtin_repository())]
     command += ["--model-repository", str(tmp_path)]
@@ -316,6 +321,7 @@ def test_explicit_model_control_and_grpc_on_a_unix_socket(tmp_path: Path) -> Non
         "explicit",
         "--grpc-uds",
         str(socket_path),
+        *SMALL_ARENAS,
     ) as server:
         with httpclient.InferenceServerClient(server.url) as client:
             assert not client.is_model_ready("simple")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import multiprocessing
+import os
 import platform
 import shutil
 import socket
@@ -30,6 +31,7 @@ from infermux.errors import StartupError
 from infermux.frontends import unix_socket
 from infermux.frontends.serving import http_endpoints, http_sockets
 from infermux.ipc import Channel
+from infermux.ipc.channel import DEFAULT_RING_BYTES
 from infermux.ipc.ring import ORDERED_STORES
 from infermux.settings import DISABLED_PORT, ServerSettings
 
@@ -99,6 +101,7 @@ class Supervisor:
                 f"shared-memory ring, which needs x86-64 (this is {platform.machine()}); "
                 "use --frontends 1"
             )
+        check_shared_memory(self.settings)
         sockets, socket_files = http_sockets(self.settings)
         self._sockets = sockets
         try:
@@ -330,6 +333,27 @@ class Supervisor:
             child.process.kill()
             await asyncio.to_thread(child.process.join)
         child.control.close()
+
+
+def check_shared_memory(settings: ServerSettings, free: int | None = None) -> None:
+    """Refuse to start when /dev/shm cannot hold every channel. Shared memory is allocated as
+    it is touched, so an undersized /dev/shm (Docker's default is 64 MiB) would not fail here
+    but kill a process with SIGBUS under load; better a clear error now."""
+    per_channel = 2 * settings.ipc_arena_mb * 2**20 + 2 * DEFAULT_RING_BYTES
+    needed = settings.frontends * per_channel
+    if free is None:
+        try:
+            stats = os.statvfs("/dev/shm")
+        except OSError:  # no /dev/shm to measure (not Linux): nothing to check
+            return
+        free = stats.f_bavail * stats.f_frsize
+    if needed > free:
+        raise StartupError(
+            f"--frontends {settings.frontends} with --ipc-arena-mb {settings.ipc_arena_mb} needs "
+            f"{needed / 2**20:,.0f} MiB of shared memory but /dev/shm has {free / 2**20:,.0f} "
+            "MiB free; lower --ipc-arena-mb or --frontends, or enlarge /dev/shm (Docker: "
+            "--shm-size)"
+        )
 
 
 def _next_backoff(current: float, child: _Child) -> float:
