@@ -12,6 +12,7 @@ from infermux import __version__
 from infermux.errors import InfermuxError
 from infermux.settings import (
     DEFAULT_GRPC_MAX_MESSAGE_SIZE,
+    DEFAULT_IPC_ARENA_MB,
     DEFAULT_MAX_INPUT_SIZE,
     DISABLED_PORT,
     MAX_FRONTENDS,
@@ -75,7 +76,7 @@ def _non_negative_int(value: str) -> int:
 
 def _frontends(value: str) -> int:
     if value.strip().lower() == "auto":
-        return auto_frontends()
+        return 0  # resolved in parse_settings, which knows --ipc-arena-mb
     try:
         number = int(value)
     except ValueError:
@@ -183,15 +184,16 @@ def _add_serve_arguments(serve: argparse.ArgumentParser) -> argparse.ArgumentPar
     serve.add_argument(
         "--frontends",
         type=_frontends,
-        default=auto_frontends(),
+        default=0,
         metavar="N|auto",
         help="front-end processes (default auto: 1 below 8 cores, else one per 4 cores up to "
-        "8); 1 runs everything in one process, N > 1 runs N front ends and one executor",
+        "8, as /dev/shm allows); 1 runs everything in one process, N > 1 runs N front ends "
+        "and one executor",
     )
     serve.add_argument(
         "--ipc-arena-mb",
         type=_positive(int),
-        default=256,
+        default=DEFAULT_IPC_ARENA_MB,
         metavar="MIB",
         help="with --frontends > 1: shared memory per front end for tensors in flight, each "
         "way (default 256)",
@@ -259,7 +261,7 @@ def parse_settings(argv: Sequence[str]) -> ServerSettings:
         http_uds=args.http_uds,
         grpc_uds=args.grpc_uds,
         grpc_max_message_size=args.grpc_max_message_size,
-        frontends=args.frontends,
+        frontends=args.frontends or auto_frontends(ipc_arena_mb=args.ipc_arena_mb),
         ipc_arena_mb=args.ipc_arena_mb,
     )
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import multiprocessing
-import os
 import platform
 import shutil
 import socket
@@ -31,9 +30,14 @@ from infermux.errors import StartupError
 from infermux.frontends import unix_socket
 from infermux.frontends.serving import http_endpoints, http_sockets
 from infermux.ipc import Channel
-from infermux.ipc.channel import DEFAULT_RING_BYTES
 from infermux.ipc.ring import ORDERED_STORES
-from infermux.settings import DISABLED_PORT, ServerSettings
+from infermux.settings import (
+    DISABLED_PORT,
+    IPC_RING_BYTES,
+    ServerSettings,
+    channel_bytes,
+    shared_memory_free,
+)
 
 from . import executor, frontend
 from .control import Attach, Control, Detach, Failed, Message, Ready, Started, Stop
@@ -291,7 +295,11 @@ class Supervisor:
         ex, child = self._executor, slot.child
         if ex is None or not ex.up or child is None or not child.up or slot.channel is not None:
             return
-        channel = Channel(self._directory, arena_bytes=self.settings.ipc_arena_mb * 2**20)
+        channel = Channel(
+            self._directory,
+            ring_bytes=IPC_RING_BYTES,
+            arena_bytes=self.settings.ipc_arena_mb * 2**20,
+        )
         slot.channel = channel
         ex.control.send(Attach(channel.spec))
         child.control.send(Attach(channel.spec))
@@ -339,15 +347,9 @@ def check_shared_memory(settings: ServerSettings, free: int | None = None) -> No
     """Refuse to start when /dev/shm cannot hold every channel. Shared memory is allocated as
     it is touched, so an undersized /dev/shm (Docker's default is 64 MiB) would not fail here
     but kill a process with SIGBUS under load; better a clear error now."""
-    per_channel = 2 * settings.ipc_arena_mb * 2**20 + 2 * DEFAULT_RING_BYTES
-    needed = settings.frontends * per_channel
-    if free is None:
-        try:
-            stats = os.statvfs("/dev/shm")
-        except OSError:  # no /dev/shm to measure (not Linux): nothing to check
-            return
-        free = stats.f_bavail * stats.f_frsize
-    if needed > free:
+    needed = settings.frontends * channel_bytes(settings.ipc_arena_mb)
+    free = shared_memory_free() if free is None else free
+    if free is not None and needed > free:
         raise StartupError(
             f"--frontends {settings.frontends} with --ipc-arena-mb {settings.ipc_arena_mb} needs "
             f"{needed / 2**20:,.0f} MiB of shared memory but /dev/shm has {free / 2**20:,.0f} "
