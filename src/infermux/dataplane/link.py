@@ -14,7 +14,7 @@ import contextlib
 import logging
 from collections.abc import Callable
 
-from infermux.errors import InvalidArgumentError
+from infermux.errors import InvalidArgumentError, UnavailableError
 from infermux.ipc import Block, Endpoint
 
 logger = logging.getLogger(__name__)
@@ -55,8 +55,7 @@ class Link:
     # -- sending ----------------------------------------------------------------------------------
 
     def send(self, frame: bytes, *, wake: bool = True) -> None:
-        """Write ``frame`` for the peer (in order) and ring its doorbell at once (deferring the
-        ring to the end of the loop iteration, to batch them, measured slower at low load).
+        """Write ``frame`` for the peer (in order) and make sure its doorbell rings after it.
         ``wake=False`` leaves the frame for the peer's next wake-up: news that can wait (blocks
         released) should not cost the peer a context switch of its own."""
         if self.closed:
@@ -118,7 +117,7 @@ class Link:
                 await asyncio.wait_for(self._space.wait(), _SPACE_POLL_SECONDS)
             self._drain()
             if self.closed:
-                raise ConnectionError("the channel closed while waiting for arena space")
+                raise UnavailableError("the channel closed while waiting for arena space")
         return block
 
     def release(self, block: Block) -> None:

@@ -42,13 +42,18 @@ class Pair:
 
 
 @pytest.fixture
-async def pair(tmp_path: Path) -> AsyncIterator[Pair]:
+def arena_bytes() -> int:
+    return 1024 * 1024
+
+
+@pytest.fixture
+async def pair(tmp_path: Path, arena_bytes: int) -> AsyncIterator[Pair]:
     repository = ModelRepository(
         [builtin_repository()], BackendRegistry(), control_mode=ControlMode.NONE
     )
     await repository.start()
     plane = DataPlane(repository, version="test", shared_memory=SharedMemoryRegistry(enabled=True))
-    channel = Channel(tmp_path, ring_bytes=64 * 1024, arena_bytes=1024 * 1024)
+    channel = Channel(tmp_path, ring_bytes=64 * 1024, arena_bytes=arena_bytes)
     server = ChannelServer(plane)
     server.attach(channel.spec)
     remote = RemoteDataPlane(METADATA)
@@ -195,3 +200,17 @@ async def test_too_large_input_is_refused_naming_the_setting(pair: Pair) -> None
     with pytest.raises(InfermuxError, match="ipc-arena-mb") as exc:
         await pair.remote.infer(simple_request(big, big))
     assert exc.value.code is ErrorCode.INVALID_ARG
+
+
+@pytest.mark.parametrize("arena_bytes", [4096])
+async def test_full_arenas_make_requests_wait_not_fail(pair: Pair) -> None:
+    """4 KiB arenas hold 64 blocks: 200 requests in flight (2 inputs and 2 outputs each) must
+    wait for space on both sides, the executor finding the front end's unrung releases itself."""
+    import asyncio
+
+    async def one(i: int) -> None:
+        a = np.full((1, 16), i, dtype=np.int32)
+        response = await pair.remote.infer(simple_request(a, a))
+        assert response.outputs[0].data.tolist() == [[2 * i] * 16]
+
+    await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(200))), 60)
