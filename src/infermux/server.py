@@ -73,7 +73,7 @@ class InfermuxServer:
                 ", ".join(self.endpoints),
                 ", ".join(f"{e.name}:{e.version}" for e in models) or "none",
             )
-            await _until(self._stop, fronts.serving)
+            await fronts.serve_until(self._stop)
         finally:
             self.dataplane.begin_shutdown()
             await fronts.stop()
@@ -82,15 +82,6 @@ class InfermuxServer:
             for path in socket_files:
                 unix_socket.remove(path)
             logger.info("infermux stopped")
-
-
-async def _until(stop: asyncio.Event, task: asyncio.Task[None] | None) -> None:
-    """Wait for ``stop``, or for ``task`` to end (a failed HTTP server ends the process too)."""
-    stopped = asyncio.ensure_future(stop.wait())
-    try:
-        await asyncio.wait({stopped} | ({task} if task else set()), return_when="FIRST_COMPLETED")
-    finally:
-        stopped.cancel()
 
 
 class _Stoppable(Protocol):

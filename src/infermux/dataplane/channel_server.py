@@ -30,12 +30,10 @@ from infermux.ipc.wire import (
     encode,
     failure,
     read_tensor,
-    tensor_size,
     to_executor,
-    write_tensor,
 )
 from infermux.model_config import ModelConfig
-from infermux.types import InferRequest, RequestedOutput, Tensor, uses_shared_memory
+from infermux.types import InferRequest, RequestedOutput, Tensor
 
 from .link import Link
 from .plane import DataPlane
@@ -145,11 +143,10 @@ class ChannelServer:
         )
 
     async def _place(self, client: _Client, tensor: Tensor) -> WireTensor:
-        if uses_shared_memory(tensor.parameters):  # the data plane wrote it to the client's region
-            return WireTensor(tensor.name, tensor.datatype, tensor.shape, tensor.parameters)
-        block = await client.link.allocate(tensor_size(tensor), f"output '{tensor.name}'")
-        client.blocks[block.offset] = block
-        return write_tensor(client.link.endpoint.arena, block, tensor)
+        block, wire = await client.link.put_tensor(tensor, f"output '{tensor.name}'")
+        if block is not None:
+            client.blocks[block.offset] = block
+        return wire
 
     async def _call(self, client: _Client, message: Call) -> None:
         try:

@@ -16,6 +16,8 @@ from collections.abc import Callable
 
 from infermux.errors import InvalidArgumentError, UnavailableError
 from infermux.ipc import Block, Endpoint
+from infermux.ipc.wire import WireTensor, arena_bytes, write_tensor
+from infermux.types import Tensor, uses_shared_memory
 
 logger = logging.getLogger(__name__)
 
@@ -119,6 +121,16 @@ class Link:
             if self.closed:
                 raise UnavailableError("the channel closed while waiting for arena space")
         return block
+
+    async def put_tensor(self, tensor: Tensor, what: str) -> tuple[Block | None, WireTensor]:
+        """Write ``tensor``'s bytes into a block of this side's arena (waiting for space) and
+        describe them; a tensor placed in client shared memory has no bytes to write (no
+        block), the peer's data plane reads or wrote the region itself."""
+        if uses_shared_memory(tensor.parameters):
+            return None, WireTensor(tensor.name, tensor.datatype, tensor.shape, tensor.parameters)
+        size, raw = arena_bytes(tensor)
+        block = await self.allocate(size, what)
+        return block, write_tensor(self.endpoint.arena, block, tensor, raw)
 
     def release(self, block: Block) -> None:
         """Give a block of this side's arena back and wake whoever waits for space."""

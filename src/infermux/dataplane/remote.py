@@ -33,13 +33,10 @@ from infermux.ipc.wire import (
     Infer,
     Release,
     Result,
-    WireTensor,
     encode,
     raise_failure,
     read_tensor,
-    tensor_size,
     to_frontend,
-    write_tensor,
 )
 from infermux.model_config import ModelConfig
 from infermux.types import (
@@ -51,7 +48,6 @@ from infermux.types import (
     RepositoryIndexEntry,
     ServerMetadata,
     SharedMemoryRegion,
-    uses_shared_memory,
 )
 
 from .link import Link
@@ -177,14 +173,10 @@ class RemoteDataPlane:
         inputs = []
         try:
             for tensor in request.inputs:
-                if uses_shared_memory(tensor.parameters):  # the executor reads the region
-                    inputs.append(
-                        WireTensor(tensor.name, tensor.datatype, tensor.shape, tensor.parameters)
-                    )
-                    continue
-                block = await link.allocate(tensor_size(tensor), f"input '{tensor.name}'")
-                entry.blocks.append(block)
-                inputs.append(write_tensor(link.endpoint.arena, block, tensor))
+                block, wire = await link.put_tensor(tensor, f"input '{tensor.name}'")
+                if block is not None:
+                    entry.blocks.append(block)
+                inputs.append(wire)
         except BaseException:
             for block in entry.blocks:
                 link.release(block)

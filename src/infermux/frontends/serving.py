@@ -12,6 +12,7 @@ import contextlib
 import logging
 import socket
 from pathlib import Path
+from typing import Any
 
 from infermux.dataplane import Operations
 from infermux.errors import StartupError
@@ -165,6 +166,18 @@ class FrontEnds:
                 unix_socket.set_mode(s.grpc_uds)
                 self.endpoints.append(f"gRPC on unix:{s.grpc_uds}")
         return self.endpoints
+
+    async def serve_until(self, stop: asyncio.Event) -> None:
+        """Return when ``stop`` is set, or when the HTTP server ends (a failed server ends
+        the process too)."""
+        stopped = asyncio.ensure_future(stop.wait())
+        waits: set[asyncio.Future[Any]] = {stopped}
+        if self._serving is not None:
+            waits.add(self._serving)
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopped.cancel()
 
     async def stop(self) -> None:
         """Stop accepting; let admitted requests and RPCs finish (up to the exit timeout)."""

@@ -131,20 +131,23 @@ def raise_failure(frame: Failure) -> InfermuxError:
     return InfermuxError(frame.message, code)
 
 
-def tensor_size(tensor: Tensor) -> int:
-    """Bytes ``tensor`` takes in an arena (its raw V2 encoding)."""
+def arena_bytes(tensor: Tensor) -> tuple[int, bytes | None]:
+    """Bytes ``tensor`` takes in an arena (its raw V2 encoding), and that encoding for a BYTES
+    tensor (made once, for :func:`write_tensor` too); fixed-size tensors are copied straight
+    from their array."""
     if tensor.datatype == "BYTES":
-        return len(tensor_to_bytes("BYTES", tensor.data))
-    return int(tensor.data.size) * numpy_dtype(tensor.datatype).itemsize
+        raw = tensor_to_bytes("BYTES", tensor.data)
+        return len(raw), raw
+    return int(tensor.data.size) * numpy_dtype(tensor.datatype).itemsize, None
 
 
-def write_tensor(arena: Arena, block: Block, tensor: Tensor) -> WireTensor:
-    """Copy ``tensor``'s bytes into ``block`` (one copy, straight from the array) and describe
-    them."""
+def write_tensor(arena: Arena, block: Block, tensor: Tensor, raw: bytes | None) -> WireTensor:
+    """Copy ``tensor``'s bytes (``raw``, as :func:`arena_bytes` gave them) into ``block``,
+    and describe them."""
     view = arena.buffer(block.offset, block.size)
     try:
-        if tensor.datatype == "BYTES":
-            view[:] = tensor_to_bytes("BYTES", tensor.data)
+        if raw is not None:
+            view[:] = raw
         else:
             dtype = numpy_dtype(tensor.datatype).newbyteorder("<")
             np.copyto(np.frombuffer(view, dtype=dtype).reshape(tensor.data.shape), tensor.data)

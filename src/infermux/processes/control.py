@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import socket
 import struct
+from collections.abc import Callable
 
 import msgspec
 
@@ -93,3 +94,19 @@ class Control:
 
     def close(self) -> None:
         self._writer.close()
+
+
+async def follow(
+    control: Control,
+    on_attach: Callable[[Attach], None],
+    on_detach: Callable[[Detach], None],
+) -> None:
+    """Hand the supervisor's channel messages to a child's handlers; return on :class:`Stop`
+    or once the supervisor is gone (either way the child shuts down)."""
+    while (message := await control.receive()) is not None:
+        if isinstance(message, Attach):
+            on_attach(message)
+        elif isinstance(message, Detach):
+            on_detach(message)
+        elif isinstance(message, Stop):
+            return

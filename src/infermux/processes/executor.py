@@ -17,7 +17,7 @@ from infermux.progress import LoadProgress
 from infermux.settings import ServerSettings
 
 from .common import become_child, configure_logging, run
-from .control import Attach, Control, Detach, Failed, Ready, Stop
+from .control import Control, Detach, Failed, Ready, follow
 
 logger = logging.getLogger("infermux.executor")
 
@@ -49,19 +49,16 @@ async def _serve(settings: ServerSettings, sock: socket.socket) -> None:
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     detaching: set[asyncio.Task[None]] = set()
 
-    async def follow() -> None:
-        while (message := await control.receive()) is not None:
-            if isinstance(message, Attach):
-                channels.attach(message.spec)
-            elif isinstance(message, Detach):
-                task = asyncio.create_task(channels.detach(message.channel))
-                detaching.add(task)
-                task.add_done_callback(detaching.discard)
-            elif isinstance(message, Stop):
-                break
+    def detach(message: Detach) -> None:
+        task = asyncio.create_task(channels.detach(message.channel))
+        detaching.add(task)
+        task.add_done_callback(detaching.discard)
+
+    async def until_stopped() -> None:
+        await follow(control, lambda m: channels.attach(m.spec), detach)
         stop.set()  # told to, or the supervisor is gone
 
-    following = asyncio.create_task(follow())
+    following = asyncio.create_task(until_stopped())
     await stop.wait()
     following.cancel()
     logger.info("executor stopping: finishing admitted requests")

@@ -11,7 +11,6 @@ import asyncio
 import logging
 import signal
 import socket
-from typing import Any
 
 from infermux.dataplane.assembly import server_metadata
 from infermux.dataplane.remote import RemoteDataPlane
@@ -20,7 +19,7 @@ from infermux.frontends.serving import FrontEnds
 from infermux.settings import ServerSettings
 
 from .common import become_child, configure_logging, run
-from .control import Attach, Control, Detach, Failed, Started, Stop
+from .control import Control, Failed, Started, follow
 
 logger = logging.getLogger("infermux.frontend")
 
@@ -70,23 +69,12 @@ async def _serve(
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
 
-    async def follow() -> None:
-        while (message := await control.receive()) is not None:
-            if isinstance(message, Attach):
-                remote.attach(message.spec)
-            elif isinstance(message, Detach):
-                remote.detach(message.reason)
-            elif isinstance(message, Stop):
-                break
+    async def until_stopped() -> None:
+        await follow(control, lambda m: remote.attach(m.spec), lambda m: remote.detach(m.reason))
         stop.set()  # told to, or the supervisor is gone
 
-    following = asyncio.create_task(follow())
-    stopped = asyncio.ensure_future(stop.wait())
-    waits: set[asyncio.Future[Any]] = {stopped}
-    if fronts.serving is not None:
-        waits.add(fronts.serving)
-    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-    stopped.cancel()
+    following = asyncio.create_task(until_stopped())
+    await fronts.serve_until(stop)
     # Requests already admitted are answered (the executor stays attached until they are).
     remote.begin_shutdown()
     await fronts.stop()
