@@ -14,12 +14,14 @@ from infermux.settings import (
     DEFAULT_GRPC_MAX_MESSAGE_SIZE,
     DEFAULT_IPC_ARENA_MB,
     DEFAULT_MAX_INPUT_SIZE,
+    DEFAULT_TRACE_URL,
     DISABLED_PORT,
     MAX_FRONTENDS,
     ServerSettings,
     auto_frontends,
     builtin_repositories,
     builtin_repository,
+    parse_trace_config,
 )
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -141,7 +143,22 @@ def _add_serve_arguments(serve: argparse.ArgumentParser) -> argparse.ArgumentPar
         help="largest gRPC message sent or received (default 2 GiB - 1)",
     )
     serve.add_argument(
-        "--metrics-port", type=_port, default=8002, help="metrics port (default 8002)"
+        "--metrics-port",
+        type=_port,
+        default=8002,
+        help="Prometheus metrics port, at /metrics (default 8002; 0: any; -1: none)",
+    )
+    _add_bool(serve, "--allow-metrics", True, "serve Prometheus metrics")
+    _add_bool(serve, "--allow-gpu-metrics", True, "include GPU utilisation, memory and power")
+    serve.add_argument(
+        "--trace-config",
+        action="append",
+        default=[],
+        metavar="[MODE,]SETTING=VALUE",
+        help="OpenTelemetry tracing, as tritonserver's: mode=opentelemetry turns it on; "
+        "rate=N traces 1 request in N (default 1000); opentelemetry,url=URL is the OTLP/HTTP "
+        f"endpoint (default {DEFAULT_TRACE_URL}); opentelemetry,resource=KEY=VALUE; "
+        "level=OFF|TIMESTAMPS (repeatable)",
     )
     serve.add_argument(
         "--model-control-mode",
@@ -172,7 +189,13 @@ def _add_serve_arguments(serve: argparse.ArgumentParser) -> argparse.ArgumentPar
         const=1,
         default=0,
         metavar="LEVEL",
-        help="verbose logging level (0 = off)",
+        help="verbose logging level (0 = off; 1: debug, failed requests; 2: every request)",
+    )
+    serve.add_argument(
+        "--log-format",
+        choices=("default", "ISO8601", "json"),
+        default="default",
+        help="log lines as text (default), text with ISO 8601 times, or JSON objects",
     )
     serve.add_argument(
         "--http-max-input-size",
@@ -238,6 +261,10 @@ def parse_settings(argv: Sequence[str]) -> ServerSettings:
             serve_parser.error(f"--{front}-port -1 needs --{front}-uds (nothing to listen on)")
     if args.http_uds is not None and args.http_uds == args.grpc_uds:
         serve_parser.error("--http-uds and --grpc-uds must differ")
+    try:
+        trace = parse_trace_config(args.trace_config)
+    except ValueError as exc:
+        serve_parser.error(f"--trace-config {exc}")
     repositories = tuple(args.model_repository or builtin_repositories())
     for repo in repositories:
         if not repo.is_dir():
@@ -254,6 +281,10 @@ def parse_settings(argv: Sequence[str]) -> ServerSettings:
         strict_readiness=args.strict_readiness,
         allow_client_shm=args.allow_client_shm,
         log_verbose=args.log_verbose,
+        log_format=args.log_format,
+        allow_metrics=args.allow_metrics,
+        allow_gpu_metrics=args.allow_gpu_metrics,
+        trace=trace,
         http_max_input_size=args.http_max_input_size,
         exit_timeout_secs=args.exit_timeout_secs,
         allow_http=args.allow_http,

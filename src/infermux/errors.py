@@ -22,14 +22,27 @@ class ErrorCode(enum.Enum):
     CANCELLED = "CANCELLED"
 
 
+class FailureReason(enum.Enum):
+    """Why an inference request failed, as Triton's ``nv_inference_request_failure`` metric
+    labels it (``reason``): refused by the scheduler (queue full, timed out in the queue,
+    unloading), given up by the client, raised by the model, or anything else (bad input)."""
+
+    REJECTED = "REJECTED"
+    CANCELED = "CANCELED"
+    BACKEND = "BACKEND"
+    OTHER = "OTHER"
+
+
 class InfermuxError(Exception):
     """Base of every error infermux reports to a client.
 
     ``message`` is shown to the client verbatim, so it must name what was wrong (the field, the
-    model, the tensor) and never leak internals such as stack traces.
+    model, the tensor) and never leak internals such as stack traces. ``reason`` classifies an
+    inference failure for metrics; the scheduler marks what the model raised as ``BACKEND``.
     """
 
     code: ErrorCode = ErrorCode.INTERNAL
+    reason: FailureReason = FailureReason.OTHER
 
     def __init__(self, message: str, code: ErrorCode | None = None) -> None:
         super().__init__(message)
@@ -57,6 +70,12 @@ class UnavailableError(InfermuxError):
     """The server cannot take this request now (model not ready, queue full, shutting down)."""
 
     code = ErrorCode.UNAVAILABLE
+
+
+class RejectedError(UnavailableError):
+    """The scheduler refused the request (queue full, timed out while queued, model unloading)."""
+
+    reason = FailureReason.REJECTED
 
 
 class UnsupportedError(InfermuxError):

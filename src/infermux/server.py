@@ -22,7 +22,9 @@ from infermux.dataplane.assembly import EXTENSIONS, SHM_EXTENSIONS, build_datapl
 from infermux.dataplane.assembly import build_repository as _build_repository
 from infermux.errors import StartupError
 from infermux.frontends import unix_socket
+from infermux.frontends.metrics import MetricsEndpoint, metrics_socket
 from infermux.frontends.serving import FrontEnds, http_sockets
+from infermux.observability.tracing import TRACING
 from infermux.processes import Supervisor
 from infermux.progress import LoadProgress
 from infermux.settings import ServerSettings
@@ -53,19 +55,30 @@ class InfermuxServer:
     async def run(self) -> None:
         """Load models, serve until asked to stop, then shut down gracefully."""
         sockets, socket_files = http_sockets(self.settings)
+        metrics: MetricsEndpoint | None = None
         try:
+            metrics_sock = metrics_socket(self.settings)
+            if metrics_sock is not None:
+                metrics = MetricsEndpoint(self.settings, self.repository, metrics_sock)
             fronts = FrontEnds(self.settings, self.dataplane, sockets)
+            TRACING.start(self.settings.trace)
             with self._progress or contextlib.nullcontext():
                 await self.repository.start()
             await fronts.bind_grpc()
         except BaseException:
             for sock in sockets:
                 sock.close()
+            if metrics is not None:
+                metrics.close()
             await self.repository.close()
+            TRACING.shutdown()
             raise
         try:
             await fronts.start_http()
             self.endpoints = fronts.announce()
+            if metrics is not None:
+                await metrics.start()
+                self.endpoints.append(metrics.address)
             models = self.repository.index(ready_only=True)
             logger.info(
                 "infermux %s ready: %s (models: %s)",
@@ -78,6 +91,9 @@ class InfermuxServer:
             self.dataplane.begin_shutdown()
             await fronts.stop()
             await self.repository.close()
+            if metrics is not None:
+                await metrics.stop()
+            TRACING.shutdown()
             self.dataplane.close()
             for path in socket_files:
                 unix_socket.remove(path)

@@ -5,9 +5,11 @@ from __future__ import annotations
 import importlib.util
 import os
 import platform
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 DEFAULT_MAX_INPUT_SIZE = 64 * 1024 * 1024  # tritonserver's --http-max-input-size default
 DEFAULT_GRPC_MAX_MESSAGE_SIZE = 2**31 - 1  # as tritonserver and tritonclient: effectively no cap
@@ -71,6 +73,70 @@ def builtin_repositories() -> tuple[Path, ...]:
     return (builtin_repository(), embeddings_repository())
 
 
+DEFAULT_TRACE_URL = "http://localhost:4318/v1/traces"  # an OpenTelemetry collector's OTLP/HTTP
+
+
+@dataclass(frozen=True)
+class TraceSettings:
+    """``--trace-config``, in ``tritonserver``'s spirit: traces are exported over OTLP/HTTP to
+    ``url`` when ``mode`` is ``opentelemetry`` and ``level`` is not ``OFF``; one request in
+    ``rate`` starts a trace (a request whose ``traceparent`` is sampled is always traced, one
+    whose parent is not sampled never is)."""
+
+    mode: str = "opentelemetry"
+    level: str = "OFF"
+    rate: int = 1000
+    url: str = DEFAULT_TRACE_URL
+    resource: tuple[tuple[str, str], ...] = ()
+    """Extra OpenTelemetry resource attributes (``service.name`` defaults to infermux)."""
+
+    @property
+    def enabled(self) -> bool:
+        return self.level != "OFF"
+
+
+def parse_trace_config(items: Sequence[str]) -> TraceSettings:
+    """``--trace-config`` values, in tritonserver's syntax: ``[MODE,]SETTING=VALUE`` (e.g.
+    ``mode=opentelemetry``, ``rate=100``, ``opentelemetry,url=http://host:4318/v1/traces``,
+    ``opentelemetry,resource=deployment=prod``). Naming the mode turns tracing on (level
+    TIMESTAMPS) unless a level is given. Raises ValueError naming the bad item."""
+    fields: dict[str, Any] = {}
+    resource: list[tuple[str, str]] = []
+    for item in items:
+        scope, _, setting = item.rpartition(",")
+        key, equals, value = setting.partition("=")
+        if not equals or not value:
+            raise ValueError(f"{item!r}: expected SETTING=VALUE")
+        if scope not in ("", "opentelemetry"):
+            raise ValueError(f"{item!r}: only opentelemetry settings are supported")
+        if key == "mode":
+            if value != "opentelemetry":
+                raise ValueError(f"{item!r}: only mode=opentelemetry is supported")
+            fields.setdefault("level", "TIMESTAMPS")
+        elif key == "level":
+            if value.upper() not in ("OFF", "TIMESTAMPS"):
+                raise ValueError(f"{item!r}: level must be OFF or TIMESTAMPS")
+            fields["level"] = value.upper()
+        elif key == "rate":
+            if not value.isdigit() or int(value) < 1:
+                raise ValueError(f"{item!r}: rate must be a positive integer (1 = every request)")
+            fields["rate"] = int(value)
+        elif key == "url":
+            if not value.startswith(("http://", "https://")):
+                raise ValueError(f"{item!r}: url must be an http(s) OTLP endpoint")
+            fields["url"] = value
+        elif key == "resource":
+            name, equals, attribute = value.partition("=")
+            if not equals or not name:
+                raise ValueError(f"{item!r}: resource must be KEY=VALUE")
+            resource.append((name, attribute))
+        else:
+            raise ValueError(
+                f"{item!r}: unknown setting '{key}' (mode, level, rate, url, resource)"
+            )
+    return TraceSettings(**fields, resource=tuple(resource))
+
+
 @dataclass(frozen=True)
 class ServerSettings:
     """Everything ``infermux serve`` can be told; defaults match ``tritonserver``'s."""
@@ -86,6 +152,11 @@ class ServerSettings:
     strict_readiness: bool = True
     allow_client_shm: bool = False
     log_verbose: int = 0
+    log_format: str = "default"
+    """``default`` (text), ``ISO8601`` (text, ISO time stamps) or ``json`` (one object a line)."""
+    allow_metrics: bool = True
+    allow_gpu_metrics: bool = True
+    trace: TraceSettings = field(default_factory=TraceSettings)
     http_max_input_size: int = DEFAULT_MAX_INPUT_SIZE
     exit_timeout_secs: int = 30
     allow_http: bool = True

@@ -116,6 +116,8 @@ class InferRequest:
     outputs: list[RequestedOutput] = field(default_factory=list)
     id: str = ""
     parameters: Parameters = field(default_factory=dict)
+    trace_context: dict[str, str] = field(default_factory=dict)
+    """The caller's W3C ``traceparent``/``tracestate`` (HTTP headers, gRPC metadata), if any."""
 
 
 @dataclass(slots=True)

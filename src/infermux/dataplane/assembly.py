@@ -43,6 +43,7 @@ def build_repository(
         startup_models=settings.load_models,
         poll_seconds=settings.repository_poll_secs,
         observer=observer,
+        histograms=settings.allow_metrics,
     )
 
 
@@ -52,6 +53,7 @@ def build_dataplane(settings: ServerSettings, repository: ModelRepository) -> Da
         version=__version__,
         extensions=extensions(settings),
         strict_readiness=settings.strict_readiness,
+        log_requests=settings.log_verbose > 1,
         shared_memory=SharedMemoryRegistry(enabled=settings.allow_client_shm),
         cuda_shared_memory=CudaSharedMemoryRegistry(enabled=settings.allow_client_shm),
     )

@@ -121,6 +121,7 @@ class ChannelServer:
                 [RequestedOutput(name, parameters) for name, parameters in message.outputs],
                 message.id,
                 message.parameters,
+                message.trace,
             )
             response = await self._plane.infer(request)
             outputs = [await self._place(client, tensor) for tensor in response.outputs]

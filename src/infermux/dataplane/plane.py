@@ -6,13 +6,15 @@ answer; everything they need is here, so HTTP, gRPC and any later front end beha
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Sequence
 
-from infermux.errors import ErrorCode, InfermuxError, InvalidArgumentError
+from infermux.errors import ErrorCode, FailureReason, InfermuxError, InvalidArgumentError
 from infermux.model_config import ModelConfig
-from infermux.repository import ModelRepository
+from infermux.observability.tracing import TRACING
+from infermux.repository import LoadedModel, ModelRepository
 from infermux.types import (
     SHM_REGION,
     CudaSharedMemoryRegion,
@@ -48,6 +50,7 @@ class DataPlane:
         version: str,
         extensions: Sequence[str] = (),
         strict_readiness: bool = True,
+        log_requests: bool = False,
         shared_memory: SharedMemoryRegistry | None = None,
         cuda_shared_memory: CudaSharedMemoryRegistry | None = None,
     ) -> None:
@@ -56,6 +59,7 @@ class DataPlane:
         self._cuda = cuda_shared_memory or CudaSharedMemoryRegistry(enabled=False)
         self._metadata = ServerMetadata(SERVER_NAME, version, tuple(extensions))
         self._strict = strict_readiness
+        self._log_requests = log_requests  # --log-verbose 2: a log line per request
         self._shutting_down = False
 
     # -- health and metadata ----------------------------------------------------------------------
@@ -106,6 +110,16 @@ class DataPlane:
         """Validate, schedule and run one request; raises an :class:`InfermuxError` on failure."""
         started = time.perf_counter_ns()
         model = self._repository.get(request.model_name, request.model_version)
+        if TRACING.tracer is None:
+            return await self._infer(model, request, started)
+        with TRACING.request_span(
+            model.name, str(model.version), request.id, request.trace_context
+        ):
+            return await self._infer(model, request, started)
+
+    async def _infer(
+        self, model: LoadedModel, request: InferRequest, started: int
+    ) -> InferResponse:
         try:
             device: dict[str, DeviceArray] = {}
             for tensor in request.inputs:
@@ -120,24 +134,63 @@ class DataPlane:
                 else:
                     tensor.data = self._shm.read(tensor)
             model_request = to_model_request(model.config, request, device)
+            if TRACING.tracer is not None:
+                TRACING.annotate_request(model_request.batch_size)
             done = await model.scheduler.submit(model_request)
             outputs = self._place_outputs(request, done.outputs)
-        except InfermuxError:
-            model.stats.record_failure(time.perf_counter_ns() - started)
+        except InfermuxError as exc:
+            self._failed(model, request, started, exc.reason, exc)
             raise
+        except asyncio.CancelledError:  # the client went away (or the server is stopping)
+            self._failed(model, request, started, FailureReason.CANCELED, None)
+            raise
+        elapsed = time.perf_counter_ns() - started
         model.stats.record_success(
             batch_size=model_request.batch_size if model.config.batching else 1,
-            request_ns=time.perf_counter_ns() - started,
+            request_ns=elapsed,
             queue_ns=done.queue_ns,
             input_ns=done.compute_input_ns,
             infer_ns=done.compute_infer_ns,
             output_ns=done.compute_output_ns,
         )
+        if self._log_requests:
+            logger.debug(
+                "request %r to %s:%d done in %d us",
+                request.id,
+                model.name,
+                model.version,
+                elapsed // 1000,
+                extra={"request_id": request.id, "model": model.name, "version": model.version},
+            )
         return InferResponse(
             model_name=model.name,
             model_version=str(model.version),
             outputs=outputs,
             id=request.id,
+        )
+
+    def _failed(
+        self,
+        model: LoadedModel,
+        request: InferRequest,
+        started: int,
+        reason: FailureReason,
+        error: InfermuxError | None,
+    ) -> None:
+        model.stats.record_failure(time.perf_counter_ns() - started, reason)
+        logger.debug(
+            "request %r to %s:%d failed (%s): %s",
+            request.id,
+            model.name,
+            model.version,
+            reason.value,
+            error if error is not None else "cancelled",
+            extra={
+                "request_id": request.id,
+                "model": model.name,
+                "version": model.version,
+                "reason": reason.value,
+            },
         )
 
     def _place_outputs(self, request: InferRequest, outputs: list[Tensor]) -> list[Tensor]:

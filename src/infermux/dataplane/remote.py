@@ -195,6 +195,7 @@ class RemoteDataPlane:
                     request.parameters,
                     inputs,
                     [(o.name, o.parameters) for o in request.outputs],
+                    request.trace_context,
                 )
             )
         )

@@ -33,7 +33,7 @@ def http_sockets(settings: ServerSettings) -> tuple[list[socket.socket], list[Pa
         return sockets, files
     try:
         if s.http_port != DISABLED_PORT:
-            sockets.append(_listen(s.host, s.http_port))
+            sockets.append(listen(s.host, s.http_port))
         if s.http_uds is not None:
             sockets.append(unix_socket.listen_unix(s.http_uds))
             files.append(s.http_uds)
@@ -56,7 +56,8 @@ def http_endpoints(host: str, sockets: list[socket.socket]) -> list[str]:
     return endpoints
 
 
-def _listen(host: str, port: int) -> socket.socket:
+def listen(host: str, port: int) -> socket.socket:
+    """A non-blocking TCP listener on ``host:port`` (a busy port raises :class:`StartupError`)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -44,6 +44,7 @@ class Infer(msgspec.Struct, array_like=True, tag=1):
     parameters: Parameters
     inputs: list[WireTensor]
     outputs: list[tuple[str, Parameters]]
+    trace: dict[str, str] = {}  # W3C trace context headers, when the client sent them
 
 
 class Call(msgspec.Struct, array_like=True, tag=2):

@@ -5,24 +5,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
-import logging
 import signal
 import sys
 from collections.abc import Coroutine
 from typing import Any
 
-from infermux.settings import ServerSettings
+from infermux.observability.logs import configure_logging
 
-
-def configure_logging(settings: ServerSettings, role: str = "") -> None:
-    """Log to stderr; a child process names itself (``[frontend-1]``) so lines can be told apart."""
-    tag = f"[{role}] " if role else ""
-    logging.basicConfig(
-        level=logging.DEBUG if settings.log_verbose else logging.INFO,
-        format=f"%(asctime)s %(levelname)s {tag}%(name)s: %(message)s",
-        stream=sys.stderr,
-        force=True,
-    )
+__all__ = ["become_child", "configure_logging", "run"]
 
 
 def run(coro: Coroutine[Any, Any, None]) -> None:

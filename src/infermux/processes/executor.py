@@ -13,6 +13,8 @@ import socket
 from infermux.dataplane.assembly import build_dataplane, build_repository
 from infermux.dataplane.channel_server import ChannelServer
 from infermux.errors import InfermuxError, StartupError
+from infermux.frontends.metrics import MetricsEndpoint
+from infermux.observability.tracing import TRACING
 from infermux.progress import LoadProgress
 from infermux.settings import ServerSettings
 
@@ -22,26 +24,34 @@ from .control import Control, Detach, Failed, Ready, follow
 logger = logging.getLogger("infermux.executor")
 
 
-def main(settings: ServerSettings, sock: socket.socket) -> None:
-    """Process entry point (spawned by the supervisor)."""
+def main(settings: ServerSettings, sock: socket.socket, metrics_sock: socket.socket | None) -> None:
+    """Process entry point (spawned by the supervisor). ``metrics_sock``: the supervisor's
+    metrics listener (it outlives executors), served here, where the model statistics are."""
     become_child()
     configure_logging(settings, "executor")
-    run(_serve(settings, sock))
+    run(_serve(settings, sock, metrics_sock))
 
 
-async def _serve(settings: ServerSettings, sock: socket.socket) -> None:
+async def _serve(
+    settings: ServerSettings, sock: socket.socket, metrics_sock: socket.socket | None
+) -> None:
     control = await Control.open(sock)
     progress = LoadProgress() if LoadProgress.wanted() else None
     repository = build_repository(settings, progress)
     plane = build_dataplane(settings, repository)
     channels = ChannelServer(plane)
+    metrics = MetricsEndpoint(settings, repository, metrics_sock) if metrics_sock else None
     try:
+        TRACING.start(settings.trace)
         with progress or contextlib.nullcontext():
             await repository.start()
+        if metrics is not None:
+            await metrics.start()
     except (StartupError, InfermuxError, OSError) as exc:
         control.send(Failed(str(exc)))
         await control.drain()
         await repository.close()
+        TRACING.shutdown()
         return
     models = repository.index(ready_only=True)
     control.send(Ready([f"{e.name}:{e.version}" for e in models]))
@@ -66,5 +76,8 @@ async def _serve(settings: ServerSettings, sock: socket.socket) -> None:
     await channels.close()
     await asyncio.gather(*detaching)
     await repository.close()
+    if metrics is not None:
+        await metrics.stop()
+    TRACING.shutdown()
     plane.close()
     control.close()

@@ -28,6 +28,7 @@ from typing import Any, Literal
 from infermux import __version__
 from infermux.errors import StartupError
 from infermux.frontends import unix_socket
+from infermux.frontends.metrics import metrics_socket
 from infermux.frontends.serving import http_endpoints, http_sockets
 from infermux.ipc import Channel
 from infermux.ipc.ring import ORDERED_STORES
@@ -86,6 +87,7 @@ class Supervisor:
         self._executor: _Child | None = None
         self._executor_backoff = 0.0
         self._sockets: list[socket.socket] = []
+        self._metrics_sock: socket.socket | None = None
         self._grpc_port = settings.grpc_port
         self._directory = Path(tempfile.mkdtemp(prefix="infermux-"))
         self._pending: set[asyncio.Task[None]] = set()
@@ -109,6 +111,12 @@ class Supervisor:
         sockets, socket_files = http_sockets(self.settings)
         self._sockets = sockets
         try:
+            self._metrics_sock = metrics_socket(self.settings)
+        except StartupError:
+            for sock in sockets:
+                sock.close()
+            raise
+        try:
             await self._start()
             stopped = asyncio.ensure_future(self._stop.wait())
             while not self._stop.is_set():
@@ -122,6 +130,8 @@ class Supervisor:
             await self._shutdown()
             for sock in sockets:
                 sock.close()
+            if self._metrics_sock is not None:
+                self._metrics_sock.close()
             for path in socket_files:
                 unix_socket.remove(path)
             shutil.rmtree(self._directory, ignore_errors=True)
@@ -174,6 +184,9 @@ class Supervisor:
             self.endpoints.append(f"gRPC on {s.host}:{self._grpc_port}")
         if s.allow_grpc and s.grpc_uds is not None:
             self.endpoints.append(f"gRPC on unix:{s.grpc_uds}")
+        if self._metrics_sock is not None:
+            host, port = self._metrics_sock.getsockname()[:2]
+            self.endpoints.append(f"metrics on http://{host}:{port}/metrics")
         # The same line as the one-process server's, which scripts and tests wait for.
         logger.info(
             "infermux %s ready: %s (models: %s; %d front-end processes, executor pid %d)",
@@ -189,7 +202,9 @@ class Supervisor:
     async def _spawn_executor(self) -> _Child:
         ours, theirs = socket.socketpair()
         process = self._context.Process(
-            target=executor.main, args=(self.settings, theirs), name="infermux-executor"
+            target=executor.main,
+            args=(self.settings, theirs, self._metrics_sock),
+            name="infermux-executor",
         )
         return await self._launch("executor", 0, process, ours, theirs)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +32,8 @@ class LoadedModel:
     stats: ModelStatistics
     accepts_device_inputs: bool = False
     """Its backend reads inputs in GPU memory in place (CUDA shared memory)."""
+    instances: Sequence[BackendInstance] = ()
+    """In the order of ``stats.instances`` (what each holds in memory feeds the metrics)."""
 
     @property
     def name(self) -> str:
@@ -39,16 +41,29 @@ class LoadedModel:
 
 
 async def build_version(
-    registry: BackendRegistry, config: ModelConfig, path: Path, version: int
+    registry: BackendRegistry,
+    config: ModelConfig,
+    path: Path,
+    version: int,
+    *,
+    histograms: bool = False,
 ) -> LoadedModel:
-    """Create, warm up and schedule every instance of ``version``; raises the load error."""
+    """Create, warm up and schedule every instance of ``version``; raises the load error.
+    ``histograms``: keep the latency histograms the metrics publish."""
     backend = registry.get(config)
-    instances = await asyncio.to_thread(_create_instances, backend.load, config, path, version)
+    placements = _placements(config)
+    instances = await asyncio.to_thread(
+        _create_instances, backend.load, config, path, version, placements
+    )
     uses = instance_memory(instances)
     if uses:
         logger.info("model '%s' version %d memory: %s", config.name, version, describe(uses))
     stats = ModelStatistics(
-        config.name, version, memory=lambda: total_by_device(instance_memory(instances))
+        config.name,
+        version,
+        memory=lambda: total_by_device(instance_memory(instances)),
+        instances=[name for _, name in placements],
+        histograms=histograms,
     )
     scheduler = DynamicBatcher(
         f"{config.name}_v{version}",
@@ -60,23 +75,32 @@ async def build_version(
         stats=stats,
     )
     device_inputs = bool(getattr(backend, "accepts_device_inputs", False))
-    return LoadedModel(config, version, scheduler, stats, device_inputs)
+    return LoadedModel(config, version, scheduler, stats, device_inputs, instances)
 
 
-def _create_instances(
-    load: Callable[[ModelContext], BackendInstance], config: ModelConfig, path: Path, version: int
-) -> list[BackendInstance]:
-    contexts = []
+def _placements(config: ModelConfig) -> list[tuple[str, str]]:
+    """(device, unique instance name) of every instance the instance groups ask for."""
+    placements = []
     for group in config.instance_groups:  # never empty: the config fills in the default group
         devices = [f"cuda:{g}" for g in group.gpus] if group.kind == "KIND_GPU" else ["cpu"]
         if group.kind == "KIND_GPU" and not group.gpus:
             devices = ["cuda:0"]
         for device in devices:
             for i in range(group.count):
-                contexts.append((device, f"{group.name}_{device.replace(':', '')}_{i}"))
+                placements.append((device, f"{group.name}_{device.replace(':', '')}_{i}"))
+    return placements
+
+
+def _create_instances(
+    load: Callable[[ModelContext], BackendInstance],
+    config: ModelConfig,
+    path: Path,
+    version: int,
+    placements: list[tuple[str, str]],
+) -> list[BackendInstance]:
     instances: list[BackendInstance] = []
     try:
-        for device, instance_name in contexts:
+        for device, instance_name in placements:
             context = ModelContext(
                 config=config,
                 version=version,

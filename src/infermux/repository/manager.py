@@ -94,8 +94,10 @@ class ModelRepository:
         startup_models: Sequence[str] = (),
         poll_seconds: float = 15.0,
         observer: LoadObserver | None = None,
+        histograms: bool = False,
     ) -> None:
         self._observer: LoadObserver = observer or _Quiet()
+        self._histograms = histograms  # metrics on: each version keeps latency histograms
         self._repositories = list(repositories)
         self._registry = registry
         self._mode = control_mode
@@ -329,7 +331,8 @@ class ModelRepository:
         seconds = time.monotonic() - started
         error = result if isinstance(result, str) else None
         self._observer.finished(config.name, version, seconds, error)
-        if error is None:
+        if isinstance(result, LoadedModel):
+            result.stats.load_seconds = seconds
             logger.info("loaded model '%s' version %d in %.2f s", config.name, version, seconds)
         return result
 
@@ -337,7 +340,9 @@ class ModelRepository:
         self, config: ModelConfig, path: Path, version: int
     ) -> LoadedModel | str:
         try:
-            return await build_version(self._registry, config, path, version)
+            return await build_version(
+                self._registry, config, path, version, histograms=self._histograms
+            )
         except InfermuxError as exc:
             return str(exc)
         except Exception as exc:

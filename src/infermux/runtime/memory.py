@@ -70,13 +70,21 @@ def instance_memory(instances: Iterable[object]) -> list[MemoryUse]:
     return [use for i in instances if isinstance(i, ReportsMemory) for use in i.memory_usage()]
 
 
+def by_component(uses: Iterable[MemoryUse]) -> dict[tuple[MemoryKind, int, str], int]:
+    """Bytes per (kind, device id, component), shared rows counted once (what the metrics show)."""
+    totals: dict[tuple[MemoryKind, int, str], int] = {}
+    for use in _unique(uses):
+        key = (use.kind, use.device_id, use.component)
+        totals[key] = totals.get(key, 0) + use.byte_size
+    return totals
+
+
 def describe(uses: Iterable[MemoryUse]) -> str:
     """One log line: bytes per device and component, shared weights counted once, e.g.
     ``GPU 0: weights 48.8 MiB, buffers 36.8 MiB, graphs 120.0 MiB; pinned host: staging ...``."""
     by_device: dict[tuple[str, int], dict[str, int]] = {}
-    for use in _unique(uses):
-        components = by_device.setdefault((use.kind, use.device_id), {})
-        components[use.component] = components.get(use.component, 0) + use.byte_size
+    for (memory_kind, device_id, component), size in by_component(uses).items():
+        by_device.setdefault((memory_kind, device_id), {})[component] = size
     parts = []
     for (kind, device_id), components in sorted(by_device.items()):
         where = "pinned host" if kind == "CPU_PINNED" else f"{kind} {device_id}"

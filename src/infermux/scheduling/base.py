@@ -44,6 +44,11 @@ class Scheduler(Protocol):
         """Requests admitted but not yet finished (queued or executing)."""
         ...
 
+    @property
+    def queued(self) -> int:
+        """Requests admitted and still waiting for an instance (Triton's pending count)."""
+        ...
+
     async def close(self) -> None:
         """Stop admitting, finish every admitted request, then close the instances."""
         ...

@@ -18,8 +18,9 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from infermux.backends.base import BackendInstance, ExecuteResult, ModelRequest
-from infermux.errors import InfermuxError, InternalError, UnavailableError
+from infermux.errors import FailureReason, InfermuxError, InternalError, RejectedError
 from infermux.model_config import DynamicBatchingConfig
+from infermux.observability.tracing import TRACING
 from infermux.scheduling.base import Completion, Finisher
 from infermux.scheduling.queue import TIMED_OUT, Pending, RequestQueue
 from infermux.statistics import ModelStatistics
@@ -91,15 +92,22 @@ class DynamicBatcher:
     def pending(self) -> int:
         return self._in_flight
 
+    @property
+    def queued(self) -> int:
+        """Requests admitted and not yet taken into a batch."""
+        return self._queue.count
+
     async def submit(self, request: ModelRequest) -> Completion:
         if self._closing:
-            raise UnavailableError(f"model '{self._name}' is unloading")
+            raise RejectedError(f"model '{self._name}' is unloading")
         pending = Pending(
             request,
             self._loop.create_future(),
             self._queue.level_of(request.parameters),
             request.batch_size if self._max_rows > 1 else 1,
         )
+        if TRACING.tracer is not None:
+            pending.trace = TRACING.current()
         self._queue.admit(pending)  # raises when the level is full
         if pending.deadline_ns:
             self._loop.call_later(
@@ -154,7 +162,7 @@ class DynamicBatcher:
     def _apply_timeouts(self) -> None:
         for pending in self._queue.expire(time.perf_counter_ns()):
             if not pending.future.done():
-                pending.future.set_exception(UnavailableError(TIMED_OUT))
+                pending.future.set_exception(RejectedError(TIMED_OUT))
         self._wakeup.set()  # DELAY requests moved: let idle workers look again
 
     async def _next_batch(self) -> list[Pending]:
@@ -198,17 +206,19 @@ class DynamicBatcher:
                     thread, _timed_execute, instance, requests
                 )
             except InfermuxError as exc:
-                _fail_all(batch, exc)
+                _fail_all(batch, _from_backend(exc))
                 continue
             except Exception as exc:
                 logger.exception("model '%s': execute failed", self._name)
-                _fail_all(batch, InternalError(f"model '{self._name}' failed: {exc}"))
+                _fail_all(
+                    batch, _from_backend(InternalError(f"model '{self._name}' failed: {exc}"))
+                )
                 continue
             if len(results) != len(batch):
                 message = f"returned {len(results)} results for {len(batch)} requests"
-                _fail_all(batch, InternalError(f"model '{self._name}' {message}"))
+                _fail_all(batch, _from_backend(InternalError(f"model '{self._name}' {message}")))
                 continue
-            self._complete(batch, results, dequeued, started, ended)
+            self._complete(batch, results, dequeued, started, ended, instance=index)
 
     def _complete(
         self,
@@ -217,6 +227,8 @@ class DynamicBatcher:
         dequeued: int,
         started: int,
         ended: int,
+        *,
+        instance: int,
     ) -> None:
         input_ns, infer_ns = started - dequeued, ended - started
         output_total = 0
@@ -232,7 +244,7 @@ class DynamicBatcher:
                     logger.exception("model '%s': handling a result failed", self._name)
                     exc = InternalError(f"model '{self._name}': bad result: {exc}")
                 if not pending.future.done():
-                    pending.future.set_exception(exc)
+                    pending.future.set_exception(_from_backend(exc))
                 continue
             output_ns = time.perf_counter_ns() - begin
             output_total += output_ns
@@ -242,7 +254,22 @@ class DynamicBatcher:
                     Completion(outputs, queue_ns, input_ns, infer_ns, output_ns)
                 )
         if self._stats is not None:
-            self._stats.record_execution(rows, input_ns, infer_ns, output_total)
+            self._stats.record_execution(rows, input_ns, infer_ns, output_total, instance)
+            if TRACING.tracer is not None:
+                TRACING.record_batch(
+                    self._stats.name,
+                    self._stats.version,
+                    [(p.trace, p.enqueued_ns) for p in batch],
+                    dequeued_ns=dequeued,
+                    ended_ns=time.perf_counter_ns(),
+                    rows=rows,
+                )
+
+
+def _from_backend(error: InfermuxError) -> InfermuxError:
+    """``error`` came from running the model (raised, or a result that could not be used)."""
+    error.reason = FailureReason.BACKEND
+    return error
 
 
 def _fail_all(batch: list[Pending], error: InfermuxError) -> None:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from infermux.backends.base import ModelRequest
-from infermux.errors import UnavailableError
+from infermux.errors import RejectedError
 from infermux.model_config import DynamicBatchingConfig, QueuePolicyConfig
 from infermux.scheduling.base import Completion
 from infermux.types import Parameter, non_negative_int
@@ -36,6 +36,8 @@ class Pending:
     enqueued_ns: int = field(default_factory=time.perf_counter_ns)
     deadline_ns: int = 0  # 0: no queue timeout
     queued: bool = True
+    trace: object = None
+    """The request's span context when it is traced (infermux.observability.tracing)."""
 
 
 class RequestQueue:
@@ -73,7 +75,7 @@ class RequestQueue:
         """Queue ``pending`` or raise UNAVAILABLE when its level is full."""
         policy = self.policy(pending.level)
         if policy.max_queue_size and self._size[pending.level] >= policy.max_queue_size:
-            raise UnavailableError(FULL)
+            raise RejectedError(FULL)
         timeout_us = policy.default_timeout_microseconds
         requested = _non_negative(pending.request.parameters, "timeout")
         if (

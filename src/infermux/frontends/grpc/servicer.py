@@ -18,6 +18,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from infermux.dataplane import Operations
 from infermux.errors import ErrorCode, InfermuxError, InvalidArgumentError, UnsupportedError
 from infermux.frontends.grpc import codec
+from infermux.observability import tracing
 
 logger = logging.getLogger(__name__)
 
@@ -124,7 +125,9 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
 
     @_unary
     async def ModelInfer(self, request: Message, context: Context) -> Message:
-        response = await self._dp.infer(codec.decode_infer_request(request))
+        infer_request = codec.decode_infer_request(request)
+        infer_request.trace_context = tracing.carrier(context.invocation_metadata() or ())
+        response = await self._dp.infer(infer_request)
         return codec.encode_infer_response(response)
 
     async def ModelStreamInfer(
@@ -138,8 +141,10 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         answers: asyncio.Queue[Message | None] = asyncio.Queue()
         running: set[asyncio.Task[None]] = set()
 
+        trace = tracing.carrier(context.invocation_metadata() or ())
+
         async def answer(message: Message) -> None:
-            await answers.put(await self._stream_answer(message))
+            await answers.put(await self._stream_answer(message, trace))
 
         async def read() -> None:
             try:
@@ -162,9 +167,11 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
             for task in list(running):
                 task.cancel()
 
-    async def _stream_answer(self, message: Message) -> Message:
+    async def _stream_answer(self, message: Message, trace: dict[str, str]) -> Message:
         try:
-            response = await self._dp.infer(codec.decode_infer_request(message))
+            request = codec.decode_infer_request(message)
+            request.trace_context = trace
+            response = await self._dp.infer(request)
             return service_pb2.ModelStreamInferResponse(
                 infer_response=codec.encode_infer_response(response)
             )

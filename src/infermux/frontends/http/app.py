@@ -28,6 +28,7 @@ from infermux.frontends.http.transport import (
     Send,
     send_reply,
 )
+from infermux.observability import tracing
 from infermux.tensor_bytes import count_bytes_elements
 from infermux.types import InferRequest, element_size
 
@@ -137,6 +138,7 @@ class HttpApp:
             infer_request = await self._raw_request(name, version, body)
         else:
             infer_request = codec.decode_infer_request(body, header_length, name, version)
+        infer_request.trace_context = tracing.carrier(request.headers)
         response = await request.unless_disconnected(self._dp.infer(infer_request))
         encoded = codec.encode_infer_response(
             response, codec.request_output_parameters(infer_request), infer_request.parameters

@@ -1,4 +1,5 @@
-"""Runs :class:`HttpApp` on uvicorn (httptools parser) inside infermux's own event loop."""
+"""Runs an ASGI app (the V2 :class:`HttpApp`, the metrics endpoint) on uvicorn
+(httptools parser) inside infermux's own event loop."""
 
 from __future__ import annotations
 
@@ -6,11 +7,13 @@ import asyncio
 import contextlib
 import logging
 import socket
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 
 import uvicorn
 
-from infermux.frontends.http.app import HttpApp
+from infermux.frontends.http.transport import Receive, Scope, Send
+
+AsgiApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 logger = logging.getLogger(__name__)
 
@@ -26,7 +29,7 @@ class _EmbeddedServer(uvicorn.Server):
 class HttpServer:
     """HTTP on bound sockets; ``serve`` returns after ``shutdown`` once open requests end."""
 
-    def __init__(self, app: HttpApp, *, graceful_timeout: int = 30, log_level: str = "warning"):
+    def __init__(self, app: AsgiApp, *, graceful_timeout: int = 30, log_level: str = "warning"):
         config = uvicorn.Config(
             app,
             http="httptools",

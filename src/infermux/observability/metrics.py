@@ -1,0 +1,251 @@
+"""Every Prometheus metric infermux publishes, declared here and collected at scrape time.
+
+Triton's metric names, types and labels come first, so that dashboards and alerts written for
+Triton work unchanged; infermux's own follow (``infermux_`` prefix): latency and batch-size
+histograms, instance busy time (stream occupancy), memory per model and component.
+
+Nothing is counted twice: the collector reads the model statistics the statistics extension
+already keeps (:mod:`infermux.statistics`), the scheduler's queue and NVML, when Prometheus
+scrapes; the request path pays nothing for it. It runs on the event loop that owns those
+counters (the executor's, with several front-end processes), so metrics stay whole whichever
+process answered a request.
+
+Exposition is the Prometheus text format, but counter names are written as declared:
+prometheus-client's own writer appends ``_total`` to every counter, which would rename
+Triton's ``nv_inference_request_success`` (see docs/decisions.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from prometheus_client import CollectorRegistry, ProcessCollector
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
+
+from infermux.errors import FailureReason
+from infermux.repository import LoadedModel, ModelRepository
+from infermux.runtime.memory import by_component, instance_memory
+from infermux.runtime.nvml import NVML, Nvml
+from infermux.statistics import Histogram
+
+Kind = Literal["counter", "gauge", "histogram"]
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+MODEL = ("model", "version")
+
+
+@dataclass(frozen=True, slots=True)
+class Family:
+    """One metric: its exposed name, type, help text and label names."""
+
+    name: str
+    kind: Kind
+    help: str
+    labels: tuple[str, ...] = MODEL
+
+
+def _declare(*families: Family) -> dict[str, Family]:
+    return {f.name: f for f in families}
+
+
+# -- Triton's (names, types and labels exactly as tritonserver exposes them) ----------------------
+_FAILURE = ("model", "reason", "version")
+TRITON = _declare(
+    Family("nv_inference_request_success", "counter", "Number of successful inference requests"),
+    Family(
+        "nv_inference_request_failure", "counter", "Number of failed inference requests", _FAILURE
+    ),
+    Family("nv_inference_count", "counter", "Number of inferences performed (batch rows)"),
+    Family("nv_inference_exec_count", "counter", "Number of model executions performed"),
+    Family("nv_inference_request_duration_us", "counter", "Cumulative request duration (µs)"),
+    Family("nv_inference_queue_duration_us", "counter", "Cumulative queuing duration (µs)"),
+    Family("nv_inference_compute_input_duration_us", "counter", "Cumulative compute input (µs)"),
+    Family("nv_inference_compute_infer_duration_us", "counter", "Cumulative compute infer (µs)"),
+    Family("nv_inference_compute_output_duration_us", "counter", "Cumulative compute output (µs)"),
+    Family("nv_inference_pending_request_count", "gauge", "Requests waiting for an instance"),
+    Family("nv_model_load_duration_secs", "gauge", "Model load time in seconds"),
+)
+
+# GPU gauges carry gpu_uuid and nothing else: perf_analyzer's --collect-metrics matches
+# `name{gpu_uuid="..."} value` literally.
+_GPU = ("gpu_uuid",)
+GPU = _declare(
+    Family("nv_gpu_utilization", "gauge", "GPU utilization rate [0.0 - 1.0)", _GPU),
+    Family("nv_gpu_memory_total_bytes", "gauge", "GPU total memory, in bytes", _GPU),
+    Family("nv_gpu_memory_used_bytes", "gauge", "GPU used memory, in bytes", _GPU),
+    Family("nv_gpu_power_usage", "gauge", "GPU power usage in watts", _GPU),
+)
+
+# -- infermux's own ------------------------------------------------------------------------------
+_INSTANCE = ("model", "version", "instance")
+_MEMORY = ("model", "version", "kind", "device", "component")
+INFERMUX = _declare(
+    Family(
+        "infermux_request_duration_seconds",
+        "histogram",
+        "Successful request duration, from arrival at the data plane to its response",
+    ),
+    Family("infermux_queue_duration_seconds", "histogram", "Time a successful request waited"),
+    Family(
+        "infermux_compute_duration_seconds",
+        "histogram",
+        "Time one batch took on its instance (compute input + infer + output)",
+    ),
+    Family("infermux_batch_size", "histogram", "Rows per model execution (batch size)"),
+    Family("infermux_requests_in_flight", "gauge", "Requests admitted and not yet answered"),
+    Family(
+        "infermux_instance_busy_seconds_total",
+        "counter",
+        "Time each instance (its CUDA stream on a GPU) was taken by a batch: its rate is the "
+        "instance's occupancy",
+        _INSTANCE,
+    ),
+    Family(
+        "infermux_model_memory_bytes",
+        "gauge",
+        "Memory a model version holds, by kind (GPU, CPU, CPU_PINNED), device and component "
+        "(weights, buffers, graphs, staging)",
+        _MEMORY,
+    ),
+)
+
+METRICS = {**TRITON, **GPU, **INFERMUX}
+"""Every metric infermux declares (the process collector's ``process_*`` come on top)."""
+
+_HISTOGRAMS = {  # family -> (attribute of statistics.Histograms, scale to the exposed unit)
+    "infermux_request_duration_seconds": ("request", 1e-9),
+    "infermux_queue_duration_seconds": ("queue", 1e-9),
+    "infermux_compute_duration_seconds": ("compute", 1e-9),
+    "infermux_batch_size": ("batch_size", 1.0),
+}
+_DURATIONS = {  # family -> Triton statistics key, in microseconds
+    "nv_inference_request_duration_us": "success",
+    "nv_inference_queue_duration_us": "queue",
+    "nv_inference_compute_input_duration_us": "compute_input",
+    "nv_inference_compute_infer_duration_us": "compute_infer",
+    "nv_inference_compute_output_duration_us": "compute_output",
+}
+
+
+class ServerCollector(Collector):
+    """Reads ``repository`` (and the GPUs through ``nvml`` unless ``gpu`` is False) per scrape."""
+
+    def __init__(self, repository: ModelRepository, *, gpu: bool = True, nvml: Nvml = NVML):
+        self._repository = repository
+        self._nvml = nvml if gpu else None
+
+    def collect(self) -> Iterator[Metric]:
+        families = {name: Metric(f.name, f.help, f.kind) for name, f in METRICS.items()}
+        for model in self._repository.served():
+            _model_samples(families, model)
+        if self._nvml is not None:
+            for gpu in self._nvml.read():
+                values = {
+                    "nv_gpu_utilization": gpu.utilization,
+                    "nv_gpu_memory_total_bytes": gpu.memory_total_bytes,
+                    "nv_gpu_memory_used_bytes": gpu.memory_used_bytes,
+                    "nv_gpu_power_usage": gpu.power_watts,
+                }
+                for name, value in values.items():
+                    if value is not None:  # a GPU that does not report its power
+                        families[name].add_sample(name, {"gpu_uuid": gpu.uuid}, value)
+        yield from (f for f in families.values() if f.samples)
+
+
+def _model_samples(families: dict[str, Metric], model: LoadedModel) -> None:
+    stats = model.stats
+    snapshot = stats.snapshot()
+    labels = {"model": model.name, "version": str(model.version)}
+
+    def add(name: str, value: float, extra: dict[str, str] | None = None) -> None:
+        families[name].add_sample(name, {**labels, **extra} if extra else labels, value)
+
+    durations = snapshot.inference_stats
+    add("nv_inference_request_success", durations["success"].count)
+    for reason in FailureReason:
+        add("nv_inference_request_failure", stats.failures[reason], {"reason": reason.value})
+    add("nv_inference_count", snapshot.inference_count)
+    add("nv_inference_exec_count", snapshot.execution_count)
+    for name, key in _DURATIONS.items():
+        add(name, durations[key].ns // 1000)
+    add("nv_inference_pending_request_count", model.scheduler.queued)
+    add("nv_model_load_duration_secs", stats.load_seconds)
+    add("infermux_requests_in_flight", model.scheduler.pending)
+    for instance, busy in zip(stats.instances, stats.busy_ns, strict=True):
+        add("infermux_instance_busy_seconds_total", busy / 1e9, {"instance": instance})
+    memory = by_component(instance_memory(model.instances))
+    memory = by_component(instance_memory(model.instances))
+    for (kind, device, component), size in sorted(memory.items()):
+        where = {"kind": kind, "device": str(device), "component": component}
+        add("infermux_model_memory_bytes", size, where)
+    if stats.histograms is not None:
+        for name, (attribute, scale) in _HISTOGRAMS.items():
+            _histogram(families[name], labels, getattr(stats.histograms, attribute), scale)
+
+
+def _histogram(family: Metric, labels: dict[str, str], histogram: Histogram, scale: float) -> None:
+    cumulative = 0
+    for bound, count in zip((*histogram.bounds, None), histogram.counts, strict=True):
+        cumulative += count
+        le = "+Inf" if bound is None else _number(bound * scale)
+        family.add_sample(f"{family.name}_bucket", {**labels, "le": le}, cumulative)
+    family.add_sample(f"{family.name}_count", labels, cumulative)
+    family.add_sample(f"{family.name}_sum", labels, histogram.sum * scale)
+
+
+def registry(repository: ModelRepository, *, gpu: bool = True) -> CollectorRegistry:
+    """What ``/metrics`` serves: the server's metrics and the process's (CPU, memory, fds)."""
+    result = CollectorRegistry(auto_describe=False)
+    result.register(ServerCollector(repository, gpu=gpu))
+    ProcessCollector(registry=result)
+    return result
+
+
+def render(source: CollectorRegistry | Iterable[Metric]) -> bytes:
+    """The Prometheus text exposition of every family in ``source``."""
+    families = source.collect() if isinstance(source, CollectorRegistry) else source
+    lines: list[str] = []
+    for family in families:
+        name, kind = family.name, family.type
+        # prometheus-client strips `_total` from the counters it makes (ProcessCollector's
+        # process_cpu_seconds_total); declared names are exposed as they are.
+        if kind == "counter" and any(s.name == f"{name}_total" for s in family.samples):
+            name = f"{name}_total"
+        lines.append(f"# HELP {name} {_escape_help(family.documentation)}")
+        lines.append(f"# TYPE {name} {kind if kind != 'unknown' else 'untyped'}")
+        lines.extend(_sample_line(s.name, s.labels, s.value) for s in family.samples)
+    lines.append("")
+    return "\n".join(lines).encode()
+
+
+def _sample_line(name: str, labels: dict[str, str], value: float) -> str:
+    if not labels:
+        return f"{name} {_number(value)}"
+    text = ",".join(f'{key}="{_escape_label(str(v))}"' for key, v in sorted(labels.items()))
+    return f"{name}{{{text}}} {_number(value)}"
+
+
+def _number(value: float) -> str:
+    """A value as Prometheus writes it (``+Inf``, ``1e+06``), by prometheus-client."""
+    return str(floatToGoString(value))  # type: ignore[no-untyped-call]  # untyped in the library
+
+
+def _escape_help(text: str) -> str:
+    return text.replace("\\", r"\\").replace("\n", r"\n")
+
+
+def _escape_label(text: str) -> str:
+    return text.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
+
+
+def names(families: Sequence[Family] | None = None) -> set[str]:
+    """Every series name a family may expose (histograms as _bucket/_count/_sum too)."""
+    result: set[str] = set()
+    for family in families if families is not None else METRICS.values():
+        result.add(family.name)
+        if family.kind == "histogram":
+            result.update(f"{family.name}_{suffix}" for suffix in ("bucket", "count", "sum"))
+    return result

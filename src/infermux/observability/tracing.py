@@ -1,0 +1,170 @@
+"""OpenTelemetry traces of inference requests and of the batches that carried them.
+
+Each traced request gets an ``infer`` span (a child of the caller's W3C ``traceparent`` when
+the request had one) with a ``queue`` child covering its wait for a batch. Each batch that
+carried a traced request gets one ``execute`` span, *linked* to every traced request span it
+served: a batch belongs to several traces at once, which a parent-child tree cannot say. It is
+the child of the first traced request it carried, so that the parent-based sampler keeps it.
+
+Off by default, and then nothing here runs: callers test ``TRACING.tracer is None`` (one
+attribute read per request) and the OpenTelemetry SDK is never imported. The scheduler's clock
+is ``perf_counter_ns``; spans are stamped after the fact with wall-clock times derived from it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from infermux.errors import StartupError
+from infermux.settings import TraceSettings
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.trace import Span, SpanContext, Tracer
+
+logger = logging.getLogger(__name__)
+
+TRACE_HEADERS = ("traceparent", "tracestate")
+"""The W3C Trace Context headers (HTTP) and metadata keys (gRPC) a request may carry."""
+
+
+def carrier(headers: Mapping[str, str] | Iterable[tuple[str, str]]) -> dict[str, str]:
+    """The trace context headers among ``headers`` (lower-case names, as HTTP/2 and ASGI give
+    them); {} when the caller sent none, which is the common case and costs a lookup or two."""
+    if isinstance(headers, Mapping):
+        return {key: headers[key] for key in TRACE_HEADERS if key in headers}
+    return {key: value for key, value in headers if key in TRACE_HEADERS}
+
+
+class Tracing:
+    """The process's tracer: None until :meth:`start` (or :meth:`use`) turned tracing on."""
+
+    def __init__(self) -> None:
+        self.tracer: Tracer | None = None
+        self._provider: TracerProvider | None = None
+        self._wall_offset_ns = 0
+
+    def start(self, settings: TraceSettings) -> None:
+        """Export traces as ``settings`` say (nothing when their level is OFF)."""
+        if not settings.enabled:
+            return
+        try:
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+            from opentelemetry.sdk.resources import Resource
+            from opentelemetry.sdk.trace import TracerProvider
+            from opentelemetry.sdk.trace.export import BatchSpanProcessor
+            from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+        except ImportError:
+            raise StartupError(
+                "--trace-config mode=opentelemetry needs: pip install 'infermux[trace]'"
+            ) from None
+        resource = Resource.create({"service.name": "infermux", **dict(settings.resource)})
+        provider = TracerProvider(
+            resource=resource, sampler=ParentBased(TraceIdRatioBased(1 / settings.rate))
+        )
+        # Spans leave in batches from the SDK's own thread: the request path only queues them.
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=settings.url)))
+        self.use(provider)
+        logger.info("tracing 1 request in %d to %s", settings.rate, settings.url)
+
+    def use(self, provider: TracerProvider) -> None:
+        """Trace through ``provider`` (tests pass one with an in-memory exporter)."""
+        self._provider = provider
+        self.tracer = provider.get_tracer("infermux")
+        self._wall_offset_ns = time.time_ns() - time.perf_counter_ns()
+
+    def shutdown(self) -> None:
+        """Flush the spans not yet exported and turn tracing off."""
+        provider, self._provider, self.tracer = self._provider, None, None
+        if provider is not None:
+            provider.shutdown()
+
+    @contextlib.contextmanager
+    def request_span(
+        self, model: str, version: str, request_id: str, carrier: Mapping[str, str]
+    ) -> Iterator[Span]:
+        """The ``infer`` span of one request, current for the block (so that the scheduler can
+        find it); an exception leaving the block marks it failed."""
+        from opentelemetry import trace
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+        tracer = self.tracer
+        assert tracer is not None  # callers check first: the untraced path must not get here
+        parent = TraceContextTextMapPropagator().extract(carrier) if carrier else None
+        span = tracer.start_span(
+            "infer",
+            context=parent,
+            kind=trace.SpanKind.SERVER,
+            attributes={
+                "infermux.model.name": model,
+                "infermux.model.version": version,
+                "infermux.request.id": request_id,
+            },
+        )
+        with trace.use_span(span, end_on_exit=True):
+            yield span
+
+    def current(self) -> SpanContext | None:
+        """The context of the current request span when it is being recorded, else None."""
+        from opentelemetry import trace
+
+        span = trace.get_current_span()
+        return span.get_span_context() if span.is_recording() else None
+
+    def annotate_request(self, rows: int) -> None:
+        """Add the request's batch size to its span (once the request is decoded)."""
+        from opentelemetry import trace
+
+        trace.get_current_span().set_attribute("infermux.request.batch_size", rows)
+
+    def record_batch(
+        self,
+        model: str,
+        version: int,
+        requests: Sequence[tuple[Any, int]],
+        *,
+        dequeued_ns: int,
+        ended_ns: int,
+        rows: int,
+    ) -> None:
+        """After a batch ran: a ``queue`` span per traced request (enqueued to dequeued) and
+        one ``execute`` span linked to them all. ``requests`` holds (span context or None,
+        enqueued time) per request; times are ``perf_counter_ns`` readings."""
+        from opentelemetry import trace
+
+        tracer = self.tracer
+        traced = [(context, enqueued) for context, enqueued in requests if context is not None]
+        if tracer is None or not traced:
+            return
+        attributes = {"infermux.model.name": model, "infermux.model.version": str(version)}
+        dequeued = dequeued_ns + self._wall_offset_ns
+        for context, enqueued in traced:
+            parent = trace.set_span_in_context(trace.NonRecordingSpan(context))
+            queue = tracer.start_span(
+                "queue",
+                context=parent,
+                attributes=attributes,
+                start_time=enqueued + self._wall_offset_ns,
+            )
+            queue.end(end_time=dequeued)
+        first = trace.set_span_in_context(trace.NonRecordingSpan(traced[0][0]))
+        batch = tracer.start_span(
+            "execute",
+            context=first,
+            links=[trace.Link(context) for context, _ in traced],
+            attributes={
+                **attributes,
+                "infermux.batch.size": rows,
+                "infermux.batch.requests": len(requests),
+            },
+            start_time=dequeued,
+        )
+        batch.end(end_time=ended_ns + self._wall_offset_ns)
+
+
+TRACING = Tracing()
+"""The process's tracing (each process that runs a data plane starts its own)."""
