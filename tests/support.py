@@ -103,6 +103,7 @@ def write_datatype_repository(repo: Path) -> None:
 
 _READY = re.compile(r"ready: HTTP on http://([^:]+):(\d+)")
 _GRPC = re.compile(r"gRPC on ([0-9.]+):(\d+)")
+_METRICS = re.compile(r"metrics on http://([0-9.]+):(\d+)/metrics")
 
 
 @dataclass
@@ -113,6 +114,7 @@ class ServerProcess:
     host: str = ""
     http_port: int = 0
     grpc_port: int = 0
+    metrics_port: int = 0
     log: list[str] = field(default_factory=list)
     reader: threading.Thread | None = None
 
@@ -123,6 +125,10 @@ class ServerProcess:
     @property
     def grpc_url(self) -> str:
         return f"{self.host}:{self.grpc_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{self.host}:{self.metrics_port}/metrics"
 
     def children(self) -> list[int]:
         """Process ids of the server's front-end and executor processes (Linux only; not
@@ -190,6 +196,8 @@ def start_server(*args: str, timeout: float = 120, no_arg_default: bool = False)
                 server.host, server.http_port = match.group(1), int(match.group(2))
                 grpc = _GRPC.search(line)
                 server.grpc_port = int(grpc.group(2)) if grpc else 0
+                metrics = _METRICS.search(line)
+                server.metrics_port = int(metrics.group(2)) if metrics else 0
                 ready.set()
 
     server.reader = threading.Thread(target=pump, daemon=True)

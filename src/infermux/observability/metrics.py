@@ -177,7 +177,6 @@ def _model_samples(families: dict[str, Metric], model: LoadedModel) -> None:
     for instance, busy in zip(stats.instances, stats.busy_ns, strict=True):
         add("infermux_instance_busy_seconds_total", busy / 1e9, {"instance": instance})
     memory = by_component(instance_memory(model.instances))
-    memory = by_component(instance_memory(model.instances))
     for (kind, device, component), size in sorted(memory.items()):
         where = {"kind": kind, "device": str(device), "component": component}
         add("infermux_model_memory_bytes", size, where)

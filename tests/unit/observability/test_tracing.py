@@ -1,0 +1,189 @@
+"""Traces in process, captured with OpenTelemetry's in-memory exporter: the caller's W3C trace
+context (HTTP headers, gRPC metadata) is the parent of the request span, the queue wait is its
+child, and the batch span is linked to every request span it carried."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+from tritonclient.grpc import InferInput
+from tritonclient.grpc.aio import InferenceServerClient
+
+from infermux.backends import BackendRegistry
+from infermux.dataplane import DataPlane
+from infermux.frontends.grpc import GrpcServer
+from infermux.frontends.http import HttpApp
+from infermux.observability.tracing import TRACING, carrier
+from infermux.repository import ControlMode, ModelRepository
+from infermux.settings import TraceSettings
+from tests.support import write_model
+
+TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+PARENT_ID = "00f067aa0ba902b7"
+
+
+def traceparent(trace_id: str = TRACE_ID, sampled: bool = True) -> str:
+    return f"00-{trace_id}-{PARENT_ID}-{'01' if sampled else '00'}"
+
+
+@pytest.fixture
+def exporter() -> Iterator[InMemorySpanExporter]:
+    exporter = InMemorySpanExporter()
+    # As infermux configures it (rate 1000), but exporting synchronously for the test.
+    provider = TracerProvider(sampler=ParentBased(TraceIdRatioBased(1 / 1000)))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    TRACING.use(provider)
+    yield exporter
+    TRACING.shutdown()
+
+
+@pytest.fixture
+async def plane(tmp_path: Path) -> AsyncIterator[DataPlane]:
+    # Batches form over 200 ms, so that concurrent requests share one.
+    write_model(
+        tmp_path, "batched", extra="dynamic_batching { max_queue_delay_microseconds: 200000 }"
+    )
+    repository = ModelRepository(
+        [tmp_path], BackendRegistry(), control_mode=ControlMode.EXPLICIT, startup_models=["*"]
+    )
+    await repository.start()
+    yield DataPlane(repository, version="test")
+    await repository.close()
+
+
+@pytest.fixture
+async def http(plane: DataPlane) -> AsyncIterator[httpx.AsyncClient]:
+    transport = httpx.ASGITransport(app=HttpApp(plane))
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        yield client
+
+
+BODY = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 2], "data": [1, 2]}]}
+
+
+def by_name(spans: tuple[ReadableSpan, ...], name: str) -> list[ReadableSpan]:
+    return [s for s in spans if s.name == name]
+
+
+async def test_http_traceparent_is_the_parent_and_the_batch_links_every_request(
+    exporter: InMemorySpanExporter, http: httpx.AsyncClient
+) -> None:
+    other = "0af7651916cd43dd8448eb211c80319c"
+    responses = await asyncio.gather(
+        http.post("/v2/models/batched/infer", json=BODY, headers={"traceparent": traceparent()}),
+        http.post(
+            "/v2/models/batched/infer",
+            json={**BODY, "id": "req-2"},
+            headers={"traceparent": traceparent(other), "tracestate": "vendor=1"},
+        ),
+    )
+    assert [r.status_code for r in responses] == [200, 200]
+    spans = exporter.get_finished_spans()
+    requests = by_name(spans, "infer")
+    assert {format(s.context.trace_id, "032x") for s in requests} == {TRACE_ID, other}
+    for span in requests:
+        assert span.parent is not None
+        assert format(span.parent.span_id, "016x") == PARENT_ID
+        assert span.attributes is not None
+        assert span.attributes["infermux.model.name"] == "batched"
+        assert span.attributes["infermux.model.version"] == "1"
+        assert span.attributes["infermux.request.batch_size"] == 1
+    second = next(s for s in requests if format(s.context.trace_id, "032x") == other)
+    assert second.attributes is not None
+    assert second.attributes["infermux.request.id"] == "req-2"
+    assert second.context.trace_state.get("vendor") == "1"
+    # One queue span per request, the child of its request span.
+    queues = by_name(spans, "queue")
+    assert sorted((q.context.trace_id, q.parent.span_id) for q in queues if q.parent) == sorted(
+        (r.context.trace_id, r.context.span_id) for r in requests
+    )
+    # Both requests ran in one batch: one execute span, linked to both request spans.
+    (batch,) = by_name(spans, "execute")
+    assert batch.attributes is not None
+    assert batch.attributes["infermux.batch.size"] == 2
+    assert batch.attributes["infermux.batch.requests"] == 2
+    linked = {(link.context.trace_id, link.context.span_id) for link in batch.links}
+    assert linked == {(r.context.trace_id, r.context.span_id) for r in requests}
+    for queue in queues:
+        assert queue.start_time is not None
+        assert queue.end_time is not None
+        assert batch.start_time is not None
+        assert queue.end_time <= batch.start_time + 1
+        assert queue.start_time <= queue.end_time
+
+
+async def test_grpc_metadata_carries_the_trace_context(
+    exporter: InMemorySpanExporter, plane: DataPlane
+) -> None:
+    server = GrpcServer(plane, addresses=["127.0.0.1:0"], graceful_timeout=1)
+    await server.start()
+    try:
+        async with InferenceServerClient(f"127.0.0.1:{server.bound_port}") as client:
+            array = np.array([[1.0, 2.0]], dtype=np.float32)
+            tensor = InferInput("INPUT0", [1, 2], "FP32").set_data_from_numpy(array)
+            await client.infer("batched", [tensor], headers={"traceparent": traceparent()})
+    finally:
+        await server.stop()
+    (span,) = by_name(exporter.get_finished_spans(), "infer")
+    assert format(span.context.trace_id, "032x") == TRACE_ID
+    assert span.parent is not None
+    assert format(span.parent.span_id, "016x") == PARENT_ID
+
+
+async def test_an_unsampled_parent_is_not_traced(
+    exporter: InMemorySpanExporter, http: httpx.AsyncClient
+) -> None:
+    headers = {"traceparent": traceparent(sampled=False)}
+    assert (await http.post("/v2/models/batched/infer", json=BODY, headers=headers)).is_success
+    assert exporter.get_finished_spans() == ()
+
+
+async def test_a_failed_request_span_says_so(
+    exporter: InMemorySpanExporter, http: httpx.AsyncClient
+) -> None:
+    bad = {"inputs": [{"name": "NOPE", "datatype": "FP32", "shape": [1, 1], "data": [1]}]}
+    headers = {"traceparent": traceparent()}
+    response = await http.post("/v2/models/batched/infer", json=bad, headers=headers)
+    assert response.status_code == 400
+    (span,) = exporter.get_finished_spans()
+    assert span.name == "infer"
+    assert not span.status.is_ok
+    assert span.status.description is not None
+    assert "NOPE" in span.status.description
+
+
+async def test_off_by_default(http: httpx.AsyncClient) -> None:
+    assert TRACING.tracer is None
+    headers = {"traceparent": traceparent()}
+    assert (await http.post("/v2/models/batched/infer", json=BODY, headers=headers)).is_success
+
+
+def test_carrier_picks_only_trace_headers() -> None:
+    assert carrier({"traceparent": "a", "content-type": "b"}) == {"traceparent": "a"}
+    assert carrier([("tracestate", "x=1"), ("user-agent", "u")]) == {"tracestate": "x=1"}
+    assert carrier({}) == {}
+
+
+def test_start_needs_the_level_on() -> None:
+    TRACING.start(TraceSettings())  # level OFF: nothing happens
+    assert TRACING.tracer is None
+
+
+def test_start_exports_over_otlp() -> None:
+    TRACING.start(TraceSettings(level="TIMESTAMPS", rate=1, url="http://127.0.0.1:9/v1/traces"))
+    try:
+        tracer: Any = TRACING.tracer
+        assert tracer is not None
+    finally:
+        TRACING.shutdown()
+    assert TRACING.tracer is None
