@@ -14,32 +14,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
-RUN = ROOT / "benchmarks" / "perf_analyzer" / "run.sh"
-
-
-def point(work: Path, frontends: int, concurrency: int, modes: str) -> dict[str, Any]:
-    out = work / f"n{frontends}-c{concurrency}"
-    env = dict(
-        os.environ,
-        PYTHON=sys.executable,
-        OUT=str(out),
-        MODES=modes,
-        CONCURRENCY=str(concurrency),
-        SERVER_ARGS=f"--frontends {frontends}",
-        PA_WINDOW="-p 2000 --max-trials 8",
-    )
-    subprocess.run(["bash", str(RUN)], env=env, check=False, capture_output=True, timeout=900)
-    summary = Path(f"{out}.json")
-    if not summary.exists():
-        return {}
-    return {r["mode"]: r for r in json.loads(summary.read_text())["results"]}
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "perf_analyzer"))
+from ab import ROOT, Config, alternate, medians  # a script beside its helper
 
 
 def main() -> None:
@@ -51,25 +31,16 @@ def main() -> None:
     p.add_argument("--work", type=Path, default=Path("/tmp/infermux-simple-cpu"))
     args = p.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
-    runs: dict[str, list[dict[str, Any]]] = {}
-    for r in range(args.rounds):
-        for frontends in (1, 2) if r % 2 == 0 else (2, 1):
-            for c in levels:
-                found = point(args.work / f"round{r}", frontends, c, args.modes)
-                for mode, result in found.items():
-                    runs.setdefault(f"{mode}|{frontends}|{c}", []).append(result)
-                print(f"round {r} N={frontends} c={c}: {sorted(found)}", flush=True)
+    configs = [Config(f"n{n}", f"--frontends {n}") for n in (1, 2)]
+    runs = alternate(configs, levels, args.modes, args.rounds, args.work)
     rows = []
     for mode in args.modes.split():
         for c in levels:
-            cells: dict[int, dict[str, float]] = {}
+            cells: dict[int, Any] = {}
             for frontends in (1, 2):
-                results = [x for x in runs.get(f"{mode}|{frontends}|{c}", []) if x.get("ok")]
-                if results:
-                    cells[frontends] = {
-                        k: statistics.median(float(x[k]) for x in results)
-                        for k in ("throughput_infer_per_s", "p50_us", "p99_us")
-                    }
+                cell = medians(runs, f"{mode}|n{frontends}|{c}")
+                if cell:
+                    cells[frontends] = cell
             rows.append({"mode": mode, "concurrency": c, "frontends": cells})
     doc = {"model": "simple", "cpus": os.cpu_count(), "rounds": args.rounds, "rows": rows}
     args.out.mkdir(parents=True, exist_ok=True)

@@ -19,6 +19,8 @@
 #   PA_TIMEOUT  per-mode wall-clock limit in seconds (default: 180)
 #   READY_TIMEOUT seconds to wait for /v2/health/ready (default: 60)
 #   SERVER_ARGS extra `infermux serve` flags (default: none), e.g. "--frontends 2"
+#   PA_METRICS  1: perf_analyzer also scrapes the server's /metrics every second (--collect-metrics),
+#               as Prometheus would, and reports what it found (default: 0)
 #
 # Do not run two copies at once: perf_analyzer names its system shared-memory keys after the tensors
 # ("/OUTPUT0", "/INPUT0_0_0", ...), so concurrent runs on one host collide in /dev/shm.
@@ -40,6 +42,7 @@ PA_RETRIES=${PA_RETRIES:-1}
 PA_TIMEOUT=${PA_TIMEOUT:-180}
 READY_TIMEOUT=${READY_TIMEOUT:-60}
 SERVER_ARGS=${SERVER_ARGS:-}
+PA_METRICS=${PA_METRICS:-0}
 
 log() { printf '[run.sh %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
@@ -133,6 +136,9 @@ run_mode() {
   esac
   # shellcheck disable=SC2206  # PA_WINDOW / PA_EXTRA are deliberately word-split
   args=(-m "$MODEL" "${args[@]}" --concurrency-range "$CONCURRENCY" $PA_WINDOW $PA_EXTRA -f "$OUT/$mode.csv")
+  if [ "$PA_METRICS" = 1 ]; then
+    args+=(--collect-metrics --metrics-url "127.0.0.1:$METRICS_PORT/metrics" --metrics-interval 1000)
+  fi
   rm -f "$OUT/$mode.csv" "$OUT/$mode.log" "$OUT/$mode.rc" "$OUT/$mode".unstable*.log
   printf '%q ' "$PA" "${args[@]}" >"$OUT/$mode.cmd"; echo >>"$OUT/$mode.cmd"
   log "mode $mode: $(cat "$OUT/$mode.cmd")"

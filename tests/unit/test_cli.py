@@ -6,7 +6,12 @@ import pytest
 
 from infermux import __version__
 from infermux.cli import main, parse_settings
-from infermux.settings import builtin_repositories, builtin_repository
+from infermux.settings import (
+    TraceSettings,
+    builtin_repositories,
+    builtin_repository,
+    parse_trace_config,
+)
 
 
 def test_defaults_serve_the_builtin_examples() -> None:
@@ -82,3 +87,72 @@ def test_unknown_command_exits_2() -> None:
     with pytest.raises(SystemExit) as exited:
         main(["frobnicate"])
     assert exited.value.code == 2
+
+
+def test_observability_flags() -> None:
+    defaults = parse_settings([])
+    assert defaults.allow_metrics is True
+    assert defaults.allow_gpu_metrics is True
+    assert defaults.trace.enabled is False
+    assert defaults.log_format == "default"
+    settings = parse_settings(
+        [
+            "--allow-metrics=false",
+            "--allow-gpu-metrics",
+            "false",
+            "--log-format",
+            "json",
+            "--trace-config",
+            "mode=opentelemetry",
+            "--trace-config",
+            "rate=10",
+            "--trace-config",
+            "opentelemetry,url=http://collector:4318/v1/traces",
+            "--trace-config",
+            "opentelemetry,resource=deployment.environment=prod",
+        ]
+    )
+    assert settings.allow_metrics is False
+    assert settings.allow_gpu_metrics is False
+    assert settings.log_format == "json"
+    assert settings.trace == TraceSettings(
+        level="TIMESTAMPS",
+        rate=10,
+        url="http://collector:4318/v1/traces",
+        resource=(("deployment.environment", "prod"),),
+    )
+    assert settings.trace.enabled
+    # An explicit level wins over the one naming the mode implies, in either order.
+    off = parse_settings(["--trace-config", "level=OFF", "--trace-config", "mode=opentelemetry"])
+    assert not off.trace.enabled
+
+
+@pytest.mark.parametrize(
+    ("item", "message"),
+    [
+        ("mode=triton", "only mode=opentelemetry"),
+        ("rate=0", "rate must be a positive integer"),
+        ("rate=x", "rate must be a positive integer"),
+        ("level=TENSORS", "level must be OFF or TIMESTAMPS"),
+        ("opentelemetry,url=collector:4318", "url must be an http(s) OTLP endpoint"),
+        ("opentelemetry,resource=novalue", "resource must be KEY=VALUE"),
+        ("triton,file=/tmp/trace.json", "only opentelemetry settings"),
+        ("count=5", "unknown setting 'count'"),
+        ("rate", "expected SETTING=VALUE"),
+    ],
+)
+def test_bad_trace_config_exits_2_naming_the_item(
+    item: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        parse_settings(["--trace-config", item])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert f"--trace-config '{item}'" in err
+    assert message in err
+
+
+def test_parse_trace_config_directly() -> None:
+    assert parse_trace_config([]) == TraceSettings()
+    with pytest.raises(ValueError, match="'rate=-1'"):
+        parse_trace_config(["rate=-1"])

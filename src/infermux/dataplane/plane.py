@@ -110,7 +110,7 @@ class DataPlane:
         """Validate, schedule and run one request; raises an :class:`InfermuxError` on failure."""
         started = time.perf_counter_ns()
         model = self._repository.get(request.model_name, request.model_version)
-        if TRACING.tracer is None:
+        if TRACING.tracer is None or not TRACING.sampled(request.trace_context):
             return await self._infer(model, request, started)
         with TRACING.request_span(
             model.name, str(model.version), request.id, request.trace_context

@@ -15,7 +15,6 @@ import pytest
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from tritonclient.grpc import InferInput
 from tritonclient.grpc.aio import InferenceServerClient
 
@@ -39,10 +38,11 @@ def traceparent(trace_id: str = TRACE_ID, sampled: bool = True) -> str:
 @pytest.fixture
 def exporter() -> Iterator[InMemorySpanExporter]:
     exporter = InMemorySpanExporter()
-    # As infermux configures it (rate 1000), but exporting synchronously for the test.
-    provider = TracerProvider(sampler=ParentBased(TraceIdRatioBased(1 / 1000)))
+    # As infermux configures it, but exporting synchronously for the test; rate 1000, so that
+    # only requests with a sampled traceparent are traced here.
+    provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    TRACING.use(provider)
+    TRACING.use(provider, rate=1000)
     yield exporter
     TRACING.shutdown()
 
@@ -160,6 +160,39 @@ async def test_a_failed_request_span_says_so(
     assert not span.status.is_ok
     assert span.status.description is not None
     assert "NOPE" in span.status.description
+
+
+async def test_rate_traces_one_request_in_n(
+    exporter: InMemorySpanExporter, http: httpx.AsyncClient
+) -> None:
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    TRACING.use(provider, rate=3)
+    for _ in range(9):
+        assert (await http.post("/v2/models/batched/infer", json=BODY)).is_success
+    requests = by_name(exporter.get_finished_spans(), "infer")
+    assert len(requests) == 3
+    assert all(span.parent is None for span in requests)  # new traces
+    # A caller's decision wins over the count, either way; a malformed traceparent is ignored.
+    exporter.clear()
+    sampled, unsampled = traceparent(), traceparent(sampled=False)
+    for header in (unsampled, unsampled, unsampled, sampled, "00-bad", "00-bad", "00-bad"):
+        headers = {"traceparent": header}
+        assert (await http.post("/v2/models/batched/infer", json=BODY, headers=headers)).is_success
+    requests = by_name(exporter.get_finished_spans(), "infer")
+    assert len(requests) == 2  # the sampled parent, and 1 in 3 of the malformed ones
+    assert sum(format(s.context.trace_id, "032x") == TRACE_ID for s in requests) == 1
+
+
+def test_sampling_decisions() -> None:
+    TRACING.use(TracerProvider(), rate=2)
+    try:
+        assert [TRACING.sampled({}) for _ in range(4)] == [False, True, False, True]
+        assert TRACING.sampled({"traceparent": traceparent()})
+        assert not TRACING.sampled({"traceparent": traceparent(sampled=False)})
+        assert TRACING.current() is None  # outside any request span
+    finally:
+        TRACING.shutdown()
 
 
 async def test_off_by_default(http: httpx.AsyncClient) -> None:

@@ -1,0 +1,32 @@
+from __future__ import annotations
+
+import json
+import logging
+import re
+
+from infermux.observability.logs import formatter
+
+
+def record(**extra: object) -> logging.LogRecord:
+    made = logging.LogRecord("infermux.x", logging.INFO, __file__, 1, "hello %s", ("you",), None)
+    made.__dict__.update(extra)
+    return made
+
+
+def test_json_lines_carry_the_request_fields() -> None:
+    line = formatter("json", "executor").format(record(request_id="r1", model="m", version=2))
+    doc = json.loads(line)
+    assert doc["message"] == "hello you"
+    assert doc["level"] == "INFO"
+    assert doc["logger"] == "infermux.x"
+    assert doc["role"] == "executor"
+    assert (doc["request_id"], doc["model"], doc["version"]) == ("r1", "m", 2)
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d{4}", doc["time"])
+
+
+def test_text_formats() -> None:
+    iso = formatter("ISO8601", "frontend-1").format(record())
+    assert re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d{4} INFO \[frontend-1\] infermux.x", iso)
+    plain = formatter("default").format(record())
+    assert plain.endswith("INFO infermux.x: hello you")
+    assert json.loads(formatter("json").format(record()))["role"] == "server"
