@@ -3,7 +3,8 @@ with metrics off, on (the default) and on with tracing (the default rate, 1 requ
 measured by Triton's perf_analyzer on this machine.
 
 With metrics on, perf_analyzer also scrapes ``/metrics`` every second (``--collect-metrics``),
-as a Prometheus server would, only more often; with tracing on, spans go over OTLP/HTTP to a
+as a Prometheus server would, only more often ("metrics, not scraped" separates the request
+path's share from the scrapes', which include perf_analyzer parsing them on this machine); with tracing on, spans go over OTLP/HTTP to a
 small receiver in this script that counts them. Configurations alternate over ``--rounds``
 (``benchmarks/perf_analyzer/ab.py``); the medians and their ratio to "off" are written to
 ``benchmarks/results/observability/overhead.{json,md}``.
@@ -60,6 +61,7 @@ def main() -> None:
     scrape = {"PA_METRICS": "1"}
     configs = [
         Config("off", f"{base} --allow-metrics false"),
+        Config("metrics, not scraped", base),
         Config("metrics", base, scrape),
         Config(
             "metrics+tracing",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -34,7 +35,8 @@ class Config:
 
 def point(work: Path, config: Config, concurrency: int, modes: str, window: str) -> dict[str, Any]:
     """One run.sh invocation; {mode: result} for the modes that produced a result."""
-    out = work / f"{config.label}-c{concurrency}"
+    slug = re.sub(r"[^\w+.-]+", "_", config.label)
+    out = work / f"{slug}-c{concurrency}"
     env = dict(
         os.environ,
         PYTHON=sys.executable,

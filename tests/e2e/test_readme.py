@@ -28,6 +28,16 @@ def test_readme_set_up_is_two_commands() -> None:
     assert "exec scripts/test" in ci
 
 
+def test_readme_metrics_example(examples_server: ServerProcess) -> None:
+    curl = next(b for b in blocks("bash") if "/metrics" in b)
+    url = shlex.split(curl)[2].replace("localhost:8002", f"127.0.0.1:{examples_server.metrics_port}")
+    pattern = re.search(r"grep '\^?([^']+)'", curl)
+    assert pattern is not None
+    text = httpx.get(f"http://{url}").text
+    lines = [line for line in text.splitlines() if line.startswith(pattern.group(1))]
+    assert any('model="simple"' in line for line in lines), text[:500]
+
+
 def test_readme_curl_example(examples_server: ServerProcess) -> None:
     curl = next(b for b in blocks("bash") if b.startswith("curl"))
     args = shlex.split(curl)

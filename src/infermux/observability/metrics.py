@@ -17,6 +17,7 @@ Triton's ``nv_inference_request_success`` (see docs/decisions.md).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -187,12 +188,17 @@ def _model_samples(families: dict[str, Metric], model: LoadedModel) -> None:
 
 def _histogram(family: Metric, labels: dict[str, str], histogram: Histogram, scale: float) -> None:
     cumulative = 0
-    for bound, count in zip((*histogram.bounds, None), histogram.counts, strict=True):
+    for le, count in zip(_bucket_bounds(histogram.bounds, scale), histogram.counts, strict=True):
         cumulative += count
-        le = "+Inf" if bound is None else _number(bound * scale)
         family.add_sample(f"{family.name}_bucket", {**labels, "le": le}, cumulative)
     family.add_sample(f"{family.name}_count", labels, cumulative)
     family.add_sample(f"{family.name}_sum", labels, histogram.sum * scale)
+
+
+@functools.cache
+def _bucket_bounds(bounds: tuple[int, ...], scale: float) -> tuple[str, ...]:
+    """The ``le`` label values of a histogram's buckets, ``+Inf`` last (formatted once)."""
+    return (*(_number(bound * scale) for bound in bounds), "+Inf")
 
 
 def registry(repository: ModelRepository, *, gpu: bool = True) -> CollectorRegistry:
@@ -223,12 +229,16 @@ def render(source: CollectorRegistry | Iterable[Metric]) -> bytes:
 def _sample_line(name: str, labels: dict[str, str], value: float) -> str:
     if not labels:
         return f"{name} {_number(value)}"
-    text = ",".join(f'{key}="{_escape_label(str(v))}"' for key, v in sorted(labels.items()))
+    # Labels in the order they were added (model, version, then the family's own), which
+    # Prometheus accepts; a scrape formats thousands of samples on the event loop, so no sorting.
+    text = ",".join([f'{key}="{_escape_label(v)}"' for key, v in labels.items()])
     return f"{name}{{{text}}} {_number(value)}"
 
 
 def _number(value: float) -> str:
-    """A value as Prometheus writes it (``+Inf``, ``1e+06``), by prometheus-client."""
+    """A value as Prometheus writes it (``+Inf``, ``1e+06``; integers as integers)."""
+    if type(value) is int:
+        return str(value)
     return str(floatToGoString(value))  # type: ignore[no-untyped-call]  # untyped in the library
 
 
@@ -237,6 +247,8 @@ def _escape_help(text: str) -> str:
 
 
 def _escape_label(text: str) -> str:
+    if "\\" not in text and "\n" not in text and '"' not in text:
+        return text  # nearly always: model names, versions, reasons
     return text.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
 
 

@@ -136,7 +136,7 @@ async def test_counters_are_exposed_under_tritons_names(server: Server) -> None:
     await server.infer("picky", [1.0])
     text = (await server.scrape_client.get("/metrics")).text
     assert "# TYPE nv_inference_request_success counter\n" in text
-    assert 'nv_inference_request_success{model="picky",version="1"} 1.0\n' in text
+    assert 'nv_inference_request_success{model="picky",version="1"} 1\n' in text
     assert "nv_inference_request_success_total" not in text
     # prometheus-client's own counters keep their _total (header and samples agree).
     assert "# TYPE process_cpu_seconds_total counter\n" in text
@@ -203,8 +203,8 @@ async def test_gpu_gauges_carry_only_gpu_uuid() -> None:
     assert '\nnv_gpu_utilization{gpu_uuid="GPU-aaa"} 0.75\n' in text
     assert '\nnv_gpu_power_usage{gpu_uuid="GPU-aaa"} 312.5\n' in text
     assert 'nv_gpu_power_usage{gpu_uuid="GPU-bbb"}' not in text
-    assert '\nnv_gpu_memory_total_bytes{gpu_uuid="GPU-bbb"} 100.0\n' in text
-    assert '\nnv_gpu_memory_used_bytes{gpu_uuid="GPU-aaa"} 10.0\n' in text
+    assert '\nnv_gpu_memory_total_bytes{gpu_uuid="GPU-bbb"} 100\n' in text
+    assert '\nnv_gpu_memory_used_bytes{gpu_uuid="GPU-aaa"} 10\n' in text
     off = metrics.ServerCollector(repository, gpu=False, nvml=FakeNvml(readings))
     assert b"nv_gpu" not in metrics.render(off.collect())
 
