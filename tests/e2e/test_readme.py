@@ -30,7 +30,8 @@ def test_readme_set_up_is_two_commands() -> None:
 
 def test_readme_metrics_example(examples_server: ServerProcess) -> None:
     curl = next(b for b in blocks("bash") if "/metrics" in b)
-    url = shlex.split(curl)[2].replace("localhost:8002", f"127.0.0.1:{examples_server.metrics_port}")
+    address = f"127.0.0.1:{examples_server.metrics_port}"
+    url = shlex.split(curl)[2].replace("localhost:8002", address)
     pattern = re.search(r"grep '\^?([^']+)'", curl)
     assert pattern is not None
     text = httpx.get(f"http://{url}").text
