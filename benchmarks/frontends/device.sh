@@ -3,13 +3,8 @@
 # .whl carried; see ../shared/device.md). Step "tests": the GPU tests, the multi-process tests and
 # the hop benchmark; step "bench": ResNet-50 with 1, 2, 4 and 8 front-end processes.
 #   bash benchmarks/frontends/device.sh tests|bench|both
-set -u
-rm -rf /tmp/site  # a warm machine keeps the last install, which pip --target would not replace
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 PATH=/tmp/site/bin:$PATH
-R=${OUT:-/tmp/out}/res
-mkdir -p "$R"
-nproc >"$R/nproc.txt"
+# shellcheck source=../device_setup.sh
+. "$(dirname "$0")/../device_setup.sh"
 case ${1:-tests} in
 tests | both)
   [ -n "${SKIP_GPU_TESTS:-}" ] ||

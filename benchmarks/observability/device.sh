@@ -6,13 +6,8 @@
 # tests: the GPU tests (incl. GPU metrics), the observability and multi-process tests, and
 # perf_analyzer --collect-metrics against infermux (does it parse infermux's GPU gauges?);
 # overhead: benchmarks/observability/overhead.py on this machine's cores.
-set -u
-rm -rf /tmp/site  # a warm machine keeps the last install, which pip --target would not replace
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 PATH=/tmp/site/bin:$PATH
-R=${OUT:-/tmp/out}/res
-mkdir -p "$R"
-nproc >"$R/nproc.txt"
+# shellcheck source=../device_setup.sh
+. "$(dirname "$0")/../device_setup.sh"
 if [ -f build/pa.tgz ]; then rm -rf /tmp/pa && mkdir -p /tmp/pa && tar xzf build/pa.tgz -C /tmp/pa; fi
 case ${1:-tests} in
 tests | both)

@@ -178,6 +178,8 @@ class DataPlane:
         error: InfermuxError | None,
     ) -> None:
         model.stats.record_failure(time.perf_counter_ns() - started, reason)
+        if not logger.isEnabledFor(logging.DEBUG):
+            return
         logger.debug(
             "request %r to %s:%d failed (%s): %s",
             request.id,
