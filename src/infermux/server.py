@@ -59,7 +59,9 @@ class InfermuxServer:
         try:
             metrics_sock = metrics_socket(self.settings)
             if metrics_sock is not None:
-                metrics = MetricsEndpoint(self.settings, self.repository, metrics_sock)
+                metrics = MetricsEndpoint(
+                    self.settings, self.repository, self.dataplane.router, metrics_sock
+                )
             fronts = FrontEnds(self.settings, self.dataplane, sockets)
             TRACING.start(self.settings.trace)
             with self._progress or contextlib.nullcontext():

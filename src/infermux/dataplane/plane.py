@@ -11,10 +11,17 @@ import logging
 import time
 from collections.abc import Sequence
 
-from infermux.errors import ErrorCode, FailureReason, InfermuxError, InvalidArgumentError
+from infermux.errors import (
+    ErrorCode,
+    FailureReason,
+    InfermuxError,
+    InvalidArgumentError,
+)
 from infermux.model_config import ModelConfig
 from infermux.observability.tracing import TRACING
 from infermux.repository import LoadedModel, ModelRepository
+from infermux.routing import Router, TrafficReport, parse_policy
+from infermux.routing.shadow import ShadowRuns, copied
 from infermux.types import (
     SHM_REGION,
     CudaSharedMemoryRegion,
@@ -53,8 +60,11 @@ class DataPlane:
         log_requests: bool = False,
         shared_memory: SharedMemoryRegistry | None = None,
         cuda_shared_memory: CudaSharedMemoryRegistry | None = None,
+        router: Router | None = None,
     ) -> None:
         self._repository = repository
+        self.router = router or Router(repository)
+        self._shadows = ShadowRuns()
         self._shm = shared_memory or SharedMemoryRegistry(enabled=False)
         self._cuda = cuda_shared_memory or CudaSharedMemoryRegistry(enabled=False)
         self._metadata = ServerMetadata(SERVER_NAME, version, tuple(extensions))
@@ -109,7 +119,7 @@ class DataPlane:
     async def infer(self, request: InferRequest) -> InferResponse:
         """Validate, schedule and run one request; raises an :class:`InfermuxError` on failure."""
         started = time.perf_counter_ns()
-        model = self._repository.get(request.model_name, request.model_version)
+        model = self.router.route(request)
         if TRACING.tracer is None or not TRACING.sampled(request.trace_context):
             return await self._infer(model, request, started)
         with TRACING.request_span(
@@ -136,7 +146,13 @@ class DataPlane:
             model_request = to_model_request(model.config, request, device)
             if TRACING.tracer is not None:
                 TRACING.annotate_request(model_request.batch_size)
+            mirror = self.router.shadow(model)
+            if mirror is not None:  # copied now: shared-memory inputs are gone after the answer
+                copy = copied(model_request)
+            submitted = time.perf_counter_ns()
             done = await model.scheduler.submit(model_request)
+            if mirror is not None:
+                self._shadows.start(mirror, copy, done.outputs, time.perf_counter_ns() - submitted)
             outputs = self._place_outputs(request, done.outputs)
         except InfermuxError as exc:
             self._failed(model, request, started, exc.reason, exc)
@@ -260,9 +276,28 @@ class DataPlane:
         return self._cuda.status(name)
 
     def close(self) -> None:
-        """Release what the data plane holds itself (shared-memory mappings)."""
+        """Release what the data plane holds itself (shared-memory mappings, shadow runs)."""
+        self._shadows.cancel()
         self._shm.close()
         self._cuda.close()
+
+    # -- traffic policies (admin) -----------------------------------------------------------------
+
+    async def traffic(self, name: str) -> TrafficReport:
+        """The traffic policy in force for ``name``, its served versions and shadow figures."""
+        return self.router.report(name)
+
+    async def set_traffic(self, name: str, policy: str | None) -> None:
+        """Put a policy (JSON) in force for ``name``; None returns to the config's."""
+        self.router.set_policy(name, parse_policy(policy) if policy is not None else None)
+
+    async def promote(self, name: str, version: int) -> None:
+        """Send all of ``name``'s traffic to ``version`` from the next request on."""
+        self.router.promote(name, version)
+
+    async def rollback(self, name: str) -> None:
+        """Undo the last traffic policy change of ``name``."""
+        self.router.rollback(name)
 
     # -- repository -------------------------------------------------------------------------------
 

@@ -39,6 +39,7 @@ from infermux.ipc.wire import (
     to_frontend,
 )
 from infermux.model_config import ModelConfig
+from infermux.routing import TrafficReport
 from infermux.types import (
     CudaSharedMemoryRegion,
     InferRequest,
@@ -66,6 +67,7 @@ def _config(value: Any) -> ModelConfig:
 # How each call's result is rebuilt from msgpack builtins (the executor encodes the dataclasses
 # as maps and a model config as its protobuf bytes).
 _RESULT: dict[str, Callable[[Any], Any]] = {
+    "traffic": _as(TrafficReport),
     "ready": bool,
     "model_ready": bool,
     "model_metadata": _as(ModelMetadata),
@@ -259,6 +261,19 @@ class RemoteDataPlane:
 
     async def unload_model(self, name: str) -> None:
         await self._call("unload_model", name)
+
+    async def traffic(self, name: str) -> TrafficReport:
+        report: TrafficReport = await self._call("traffic", name)
+        return report
+
+    async def set_traffic(self, name: str, policy: str | None) -> None:
+        await self._call("set_traffic", name, policy)
+
+    async def promote(self, name: str, version: int) -> None:
+        await self._call("promote", name, version)
+
+    async def rollback(self, name: str) -> None:
+        await self._call("rollback", name)
 
     async def shm_register(self, name: str, key: str, offset: int, byte_size: int) -> None:
         await self._call("shm_register", name, key, offset, byte_size)

@@ -17,6 +17,7 @@ from infermux.frontends.http.transport import Receive, Scope, Send
 from infermux.frontends.serving import listen
 from infermux.observability import metrics
 from infermux.repository import ModelRepository
+from infermux.routing import Router
 from infermux.settings import DISABLED_PORT, ServerSettings
 
 PATH = "/metrics"
@@ -57,13 +58,17 @@ def metrics_socket(settings: ServerSettings) -> socket.socket | None:
 
 
 class MetricsEndpoint:
-    """Serves ``/metrics`` for ``repository`` on ``sock``."""
+    """Serves ``/metrics`` for ``repository`` and its ``router`` on ``sock``."""
 
     def __init__(
-        self, settings: ServerSettings, repository: ModelRepository, sock: socket.socket
+        self,
+        settings: ServerSettings,
+        repository: ModelRepository,
+        router: Router,
+        sock: socket.socket,
     ) -> None:
         self._sock = sock
-        registry = metrics.registry(repository, gpu=settings.allow_gpu_metrics)
+        registry = metrics.registry(repository, router, gpu=settings.allow_gpu_metrics)
         self._server = HttpServer(MetricsApp(registry), graceful_timeout=1)
         self._task: asyncio.Task[None] | None = None
 

@@ -29,6 +29,7 @@ from prometheus_client.utils import floatToGoString
 
 from infermux.errors import FailureReason
 from infermux.repository import LoadedModel, ModelRepository
+from infermux.routing import Router, ShadowStats
 from infermux.runtime.memory import by_component, instance_memory
 from infermux.runtime.nvml import NVML, Nvml
 from infermux.statistics import Histogram
@@ -82,6 +83,7 @@ GPU = _declare(
 
 # -- infermux's own ------------------------------------------------------------------------------
 _INSTANCE = ("model", "version", "instance")
+_SHADOW = ("model", "version", "outcome")
 _MEMORY = ("model", "version", "kind", "device", "component")
 INFERMUX = _declare(
     Family(
@@ -111,6 +113,31 @@ INFERMUX = _declare(
         "(weights, buffers, graphs, staging)",
         _MEMORY,
     ),
+    Family(
+        "infermux_model_load_failures_total",
+        "counter",
+        "Failed loads of a model or one of its versions (the old version keeps serving a failed "
+        "reload; the repository index says why)",
+        ("model",),
+    ),
+    Family(
+        "infermux_shadow_requests_total",
+        "counter",
+        "Requests mirrored to a shadow version (label version), by outcome: agreed or disagreed "
+        "with the primary's answer, failed, or dropped (not run)",
+        _SHADOW,
+    ),
+    Family(
+        "infermux_shadow_max_abs_diff",
+        "gauge",
+        "Largest absolute difference seen between a shadow version's output and the primary's",
+        ("model", "version", "output"),
+    ),
+    Family(
+        "infermux_shadow_latency_delta_seconds_total",
+        "counter",
+        "Sum over compared requests of (shadow duration - primary duration)",
+    ),
 )
 
 METRICS = {**TRITON, **GPU, **INFERMUX}
@@ -132,16 +159,31 @@ _DURATIONS = {  # family -> Triton statistics key, in microseconds
 
 
 class ServerCollector(Collector):
-    """Reads ``repository`` (and the GPUs through ``nvml`` unless ``gpu`` is False) per scrape."""
+    """Reads ``repository`` and ``router`` (and the GPUs through ``nvml`` unless ``gpu`` is
+    False) per scrape."""
 
-    def __init__(self, repository: ModelRepository, *, gpu: bool = True, nvml: Nvml = NVML):
+    def __init__(
+        self,
+        repository: ModelRepository,
+        router: Router | None = None,
+        *,
+        gpu: bool = True,
+        nvml: Nvml = NVML,
+    ) -> None:
         self._repository = repository
+        self._router = router
         self._nvml = nvml if gpu else None
 
     def collect(self) -> Iterator[Metric]:
         families = {name: Metric(f.name, f.help, f.kind) for name, f in METRICS.items()}
         for model in self._repository.served():
             _model_samples(families, model)
+        for name, failures in self._repository.load_failures().items():
+            family = families["infermux_model_load_failures_total"]
+            family.add_sample(family.name, {"model": name}, failures)
+        if self._router is not None:
+            for name, version, stats in self._router.shadow_stats():
+                _shadow_samples(families, name, version, stats)
         if self._nvml is not None:
             for gpu in self._nvml.read():
                 values = {
@@ -186,6 +228,26 @@ def _model_samples(families: dict[str, Metric], model: LoadedModel) -> None:
             _histogram(families[name], labels, getattr(stats.histograms, attribute), scale)
 
 
+def _shadow_samples(
+    families: dict[str, Metric], model: str, version: int, stats: ShadowStats
+) -> None:
+    labels = {"model": model, "version": str(version)}
+    requests = families["infermux_shadow_requests_total"]
+    outcomes = {
+        "agreed": stats.agreed,
+        "disagreed": stats.disagreed,
+        "failed": stats.failed,
+        "dropped": stats.dropped,
+    }
+    for outcome, count in outcomes.items():
+        requests.add_sample(requests.name, {**labels, "outcome": outcome}, count)
+    diffs = families["infermux_shadow_max_abs_diff"]
+    for output, diff in sorted(stats.max_abs_diff.items()):
+        diffs.add_sample(diffs.name, {**labels, "output": output}, diff)
+    delta = families["infermux_shadow_latency_delta_seconds_total"]
+    delta.add_sample(delta.name, labels, stats.latency_delta_ns / 1e9)
+
+
 def _histogram(family: Metric, labels: dict[str, str], histogram: Histogram, scale: float) -> None:
     cumulative = 0
     for le, count in zip(_bucket_bounds(histogram.bounds, scale), histogram.counts, strict=True):
@@ -201,10 +263,12 @@ def _bucket_bounds(bounds: tuple[int, ...], scale: float) -> tuple[str, ...]:
     return (*(_number(bound * scale) for bound in bounds), "+Inf")
 
 
-def registry(repository: ModelRepository, *, gpu: bool = True) -> CollectorRegistry:
+def registry(
+    repository: ModelRepository, router: Router | None = None, *, gpu: bool = True
+) -> CollectorRegistry:
     """What ``/metrics`` serves: the server's metrics and the process's (CPU, memory, fds)."""
     result = CollectorRegistry(auto_describe=False)
-    result.register(ServerCollector(repository, gpu=gpu))
+    result.register(ServerCollector(repository, router, gpu=gpu))
     ProcessCollector(registry=result)
     return result
 

@@ -40,7 +40,9 @@ async def _serve(
     repository = build_repository(settings, progress)
     plane = build_dataplane(settings, repository)
     channels = ChannelServer(plane)
-    metrics = MetricsEndpoint(settings, repository, metrics_sock) if metrics_sock else None
+    metrics = (
+        MetricsEndpoint(settings, repository, plane.router, metrics_sock) if metrics_sock else None
+    )
     try:
         TRACING.start(settings.trace)
         with progress or contextlib.nullcontext():

@@ -29,6 +29,8 @@ from infermux.model_config import ModelConfig
 from infermux.repository.config_file import load_model_config
 from infermux.repository.layout import ModelSource, discover_models, fingerprint, list_versions
 from infermux.repository.loader import LoadedModel, build_version
+from infermux.traffic_policy import CONFIG_PARAMETER as TRAFFIC_PARAMETER
+from infermux.traffic_policy import parse_policy
 from infermux.types import RepositoryIndexEntry
 
 logger = logging.getLogger(__name__)
@@ -62,6 +64,7 @@ class _Entry:
     states: dict[int, tuple[State, str]] = field(default_factory=dict)
     model_error: str = ""  # set when the model failed before any version could be tried
     requested: bool = False  # should be loaded; drives strict readiness
+    load_failures: int = 0  # loads that failed (the model or any of its versions), for metrics
     fingerprint: tuple[tuple[str, int, int], ...] = ()
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
@@ -183,6 +186,15 @@ class ModelRepository:
             for version in sorted(self._entries[name].serving)
         ]
 
+    def serving(self, name: str) -> dict[int, LoadedModel]:
+        """The served versions of ``name`` by number (empty when none); do not modify."""
+        entry = self._entries.get(name)
+        return entry.serving if entry is not None else {}
+
+    def load_failures(self) -> dict[str, int]:
+        """Failed loads per model name so far (a model and each failing version count)."""
+        return {name: e.load_failures for name, e in sorted(self._entries.items())}
+
     def ready_versions(self, name: str) -> list[int]:
         """Served versions of ``name``, ascending."""
         entry = self._entries.get(name)
@@ -283,6 +295,9 @@ class ModelRepository:
         entry.fingerprint = await asyncio.to_thread(fingerprint, path)
         try:
             config = await asyncio.to_thread(load_model_config, path, config_override)
+            policy = config.parameters.get(TRAFFIC_PARAMETER)
+            if policy is not None:
+                parse_policy(policy)  # a bad policy fails the load, naming the field
             versions = config.version_policy.select(await asyncio.to_thread(list_versions, path))
             if not versions:
                 raise ModelLoadError(
@@ -290,6 +305,7 @@ class ModelRepository:
                 )
         except InfermuxError as exc:
             logger.error("failed to load model '%s': %s", name, exc)
+            entry.load_failures += 1
             if not entry.serving:
                 entry.model_error = str(exc)
             raise
@@ -306,6 +322,7 @@ class ModelRepository:
                 entry.states[version] = (State.READY, "")
             else:
                 errors.append(result)
+                entry.load_failures += 1
                 logger.error("failed to load model '%s' version %d: %s", name, version, result)
                 if version in entry.serving:  # keep serving the old instance of this version
                     fresh[version] = entry.serving[version]

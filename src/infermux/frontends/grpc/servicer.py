@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any, NoReturn, TypeVar
 
 import grpc  # type: ignore[import-untyped,unused-ignore]  # grpcio ships no type information
@@ -19,6 +19,8 @@ from infermux.dataplane import Operations
 from infermux.errors import ErrorCode, InfermuxError, InvalidArgumentError, UnsupportedError
 from infermux.frontends.grpc import codec
 from infermux.observability import tracing
+from infermux.routing import ROUTING_KEY_HEADER, ROUTING_KEY_PARAMETER
+from infermux.types import InferRequest
 
 logger = logging.getLogger(__name__)
 
@@ -126,7 +128,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
     @_unary
     async def ModelInfer(self, request: Message, context: Context) -> Message:
         infer_request = codec.decode_infer_request(request)
-        infer_request.trace_context = tracing.carrier(context.invocation_metadata() or ())
+        _from_metadata(infer_request, context.invocation_metadata() or ())
         response = await self._dp.infer(infer_request)
         return codec.encode_infer_response(response)
 
@@ -141,10 +143,10 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         answers: asyncio.Queue[Message | None] = asyncio.Queue()
         running: set[asyncio.Task[None]] = set()
 
-        trace = tracing.carrier(context.invocation_metadata() or ())
+        metadata = tuple(context.invocation_metadata() or ())
 
         async def answer(message: Message) -> None:
-            await answers.put(await self._stream_answer(message, trace))
+            await answers.put(await self._stream_answer(message, metadata))
 
         async def read() -> None:
             try:
@@ -167,10 +169,10 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
             for task in list(running):
                 task.cancel()
 
-    async def _stream_answer(self, message: Message, trace: dict[str, str]) -> Message:
+    async def _stream_answer(self, message: Message, metadata: tuple[Any, ...]) -> Message:
         try:
             request = codec.decode_infer_request(message)
-            request.trace_context = trace
+            _from_metadata(request, metadata)
             response = await self._dp.infer(request)
             return service_pb2.ModelStreamInferResponse(
                 infer_response=codec.encode_infer_response(response)
@@ -261,3 +263,12 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
     @_unary
     async def LogSettings(self, request: Message, context: Context) -> Message:
         _not_supported("log settings")
+
+
+def _from_metadata(request: InferRequest, metadata: Iterable[tuple[str, str]]) -> None:
+    """What infermux reads from the call's metadata: the W3C trace context and a routing key."""
+    pairs = list(metadata)
+    request.trace_context = tracing.carrier(pairs)
+    for key, value in pairs:
+        if key == ROUTING_KEY_HEADER:
+            request.parameters.setdefault(ROUTING_KEY_PARAMETER, value)

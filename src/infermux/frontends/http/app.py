@@ -17,7 +17,7 @@ from typing import Any
 
 from infermux.dataplane import Operations
 from infermux.errors import InfermuxError, InvalidArgumentError
-from infermux.frontends.http import codec, documents
+from infermux.frontends.http import codec, documents, traffic
 from infermux.frontends.http.transport import (
     JSON_TYPE,
     HttpError,
@@ -29,6 +29,7 @@ from infermux.frontends.http.transport import (
     send_reply,
 )
 from infermux.observability import tracing
+from infermux.routing import ROUTING_KEY_HEADER, ROUTING_KEY_PARAMETER
 from infermux.tensor_bytes import count_bytes_elements
 from infermux.types import InferRequest, element_size
 
@@ -52,6 +53,7 @@ class HttpApp:
             (re.compile(r"^/v2/health/(live|ready)$"), self._health),
             (re.compile(r"^/v2/?$"), self._server_metadata),
             (re.compile(r"^/v2/models/stats$"), self._all_statistics),
+            (traffic.PATTERN, self._traffic),
             (
                 re.compile(
                     r"^/v2/models/([^/]+)(?:/versions/([0-9]+))?(?:/(infer|ready|config|stats))?$"
@@ -112,6 +114,9 @@ class HttpApp:
         request.allow("GET")
         return Reply.json(documents.statistics(await self._dp.model_statistics()))
 
+    async def _traffic(self, request: Request, match: re.Match[str]) -> Reply:
+        return await traffic.handle(self._dp, request, match)
+
     async def _model(self, request: Request, match: re.Match[str]) -> Reply:
         name, version, action = match.group(1), match.group(2) or "", match.group(3)
         dp = self._dp
@@ -139,6 +144,9 @@ class HttpApp:
         else:
             infer_request = codec.decode_infer_request(body, header_length, name, version)
         infer_request.trace_context = tracing.carrier(request.headers)
+        key = request.headers.get(ROUTING_KEY_HEADER)
+        if key is not None:
+            infer_request.parameters.setdefault(ROUTING_KEY_PARAMETER, key)
         response = await request.unless_disconnected(self._dp.infer(infer_request))
         encoded = codec.encode_infer_response(
             response, codec.request_output_parameters(infer_request), infer_request.parameters

@@ -11,6 +11,7 @@ import asyncio
 
 from infermux.errors import ErrorCode, InfermuxError, InvalidArgumentError, NotFoundError
 from infermux.model_config import ModelConfig, pb
+from infermux.routing import TrafficReport
 from infermux.types import (
     CudaSharedMemoryRegion,
     Duration,
@@ -125,6 +126,19 @@ class FakePlane:
 
     async def unload_model(self, name: str) -> None:
         self.unloads.append(name)
+
+    # The traffic admin API is HTTP only: the gRPC service never calls these.
+    async def traffic(self, name: str) -> TrafficReport:
+        raise NotFoundError(name)
+
+    async def set_traffic(self, name: str, policy: str | None) -> None:
+        raise NotFoundError(name)
+
+    async def promote(self, name: str, version: int) -> None:
+        raise NotFoundError(name)
+
+    async def rollback(self, name: str) -> None:
+        raise NotFoundError(name)
 
     async def shm_register(self, name: str, key: str, offset: int, byte_size: int) -> None:
         if name in self.regions:
