@@ -201,13 +201,17 @@ class ModelRepository:
         return sorted(entry.serving) if entry else []
 
     def all_ready(self) -> bool:
-        """Strict readiness: every model that should be loaded serves every version it should."""
+        """Strict readiness: every model that should be loaded serves. A version loading beside
+        a served one (a reload, a swap) or failing to (the old one keeps serving; the index and
+        metrics say why) leaves it ready, so load balancers keep a server that swaps versions."""
         for entry in self._entries.values():
             if not entry.requested:
                 continue
-            if entry.model_error or not entry.serving:
+            if not entry.serving:
                 return False
-            if any(state is not State.READY for state, _ in entry.states.values()):
+            if any(
+                entry.states.get(v, (State.READY, ""))[0] is not State.READY for v in entry.serving
+            ):
                 return False
         return True
 
