@@ -106,7 +106,8 @@ def test_poll_mode_swaps_and_a_corrupt_version(tmp_path: Path, frontends: int) -
             if rows and rows[0].get("state") == "UNAVAILABLE":
                 break
             time.sleep(0.1)
-        assert rows and rows[0]["state"] == "UNAVAILABLE", rows
+        assert rows, "version 5 never reported"
+        assert rows[0]["state"] == "UNAVAILABLE", rows
         assert "import failed: SyntaxError" in rows[0]["reason"]
         time.sleep(0.5)
         assert running.latest() == 4.0
