@@ -286,10 +286,17 @@ class ModelRepository:
     # -- internals --------------------------------------------------------------------------------
 
     async def _poll_forever(self) -> None:
-        while True:
-            await asyncio.sleep(self._poll_seconds)
+        """Poll mode: act on the repositories' changes once they have been quiet for the poll
+        interval (a model being copied in is not loaded half-written), through watchfiles
+        (inotify on Linux; it polls the filesystem itself where there are no events)."""
+        from watchfiles import awatch
+
+        quiet_ms = max(1, int(self._poll_seconds * 1000))
+        async for _ in awatch(
+            *self._repositories, step=quiet_ms, debounce=max(4 * quiet_ms, 1600), recursive=True
+        ):
             try:
-                await self.poll_once()
+                await self.poll_once()  # compares fingerprints: only real model changes reload
             except Exception:
                 logger.exception("polling the model repository failed")
 
