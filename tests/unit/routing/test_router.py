@@ -224,3 +224,25 @@ async def test_shadow_runs_are_compared_and_never_answer(repository: ModelReposi
     stats = {(name, version) for name, version, _ in plane.router.shadow_stats()}
     assert stats == {("m", 3), ("m", 2)}
     plane.close()
+
+
+async def test_a_changed_config_policy_applies_after_the_reload(tmp_path: Path) -> None:
+    def config_with(version: int) -> str:
+        policy = f'{{\\"weights\\": {{\\"{version}\\": 1}}}}'
+        parameter = f'parameters {{ key: "traffic_policy" value: {{ string_value: "{policy}" }} }}'
+        return f"{ALL_VERSIONS}\n{parameter}"
+
+    model = write_model(tmp_path, "m", extra=config_with(1), versions=(1, 2))
+    repository = ModelRepository(
+        [tmp_path], BackendRegistry(), control_mode=ControlMode.EXPLICIT, startup_models=["*"]
+    )
+    await repository.start()
+    try:
+        router = Router(repository)
+        assert router.route(request()).version == 1
+        config = (model / "config.pbtxt").read_text()
+        (model / "config.pbtxt").write_text(config.replace(config_with(1), config_with(2)))
+        await repository.load("m")  # what poll mode does when the file changes
+        assert {router.route(request()).version for _ in range(20)} == {2}
+    finally:
+        await repository.close()
