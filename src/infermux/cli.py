@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from infermux import __version__
+from infermux.bench import options as bench_options
 from infermux.errors import InfermuxError
 from infermux.settings import (
     DEFAULT_GRPC_MAX_MESSAGE_SIZE,
@@ -92,11 +93,14 @@ _SERVE_HELP = "serve a model repository over the KServe V2 protocol"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The top-level ``infermux`` parser (subcommands: ``serve``)."""
+    """The top-level ``infermux`` parser (subcommands: ``serve``, ``bench``)."""
     parser = _Parser(prog="infermux", description="A Python-first inference server (KServe V2).")
     parser.add_argument("--version", action="version", version=f"infermux {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     _add_serve_arguments(commands.add_parser("serve", help=_SERVE_HELP))
+    bench_options.build_parser(
+        commands.add_parser("bench", help="load-test a model on any KServe V2 server")
+    )
     return parser
 
 
@@ -299,6 +303,8 @@ def parse_settings(argv: Sequence[str]) -> ServerSettings:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "bench":
+        return _bench(argv[1:])
     if not argv or argv[0] != "serve":
         parser = build_parser()
         parser.parse_args(argv)  # handles --help/--version and reports unknown commands
@@ -316,4 +322,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:  # a signal before the handlers were installed
         return 0
+    return 0
+
+
+def _bench(argv: list[str]) -> int:
+    from infermux.bench.run import BenchError, run
+
+    options = bench_options.parse_options(argv)
+    try:
+        run(options)
+    except (BenchError, RuntimeError) as exc:
+        print(f"infermux bench: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
     return 0
