@@ -161,6 +161,6 @@ def grpc_requests(
 
 
 def _place(parameters: Any, region: str, size: int, offset: int) -> None:
-    parameters["shared_memory_region"].string_value = region
-    parameters["shared_memory_byte_size"].int64_value = size
-    parameters["shared_memory_offset"].int64_value = offset
+    parameters["shared_memory_region"].string_param = region
+    parameters["shared_memory_byte_size"].int64_param = size
+    parameters["shared_memory_offset"].int64_param = offset
