@@ -91,7 +91,10 @@ def main() -> None:
     p.add_argument("--protocols", default="http,grpc")
     p.add_argument("--perf-analyzer", default="/tmp/pa/perf_analyzer")
     p.add_argument("--server-args", default="")
-    p.add_argument("--processes", type=int, default=1, help="infermux bench --processes")
+    p.add_argument(
+        "--processes", type=int, default=0,
+        help="infermux bench --processes (default: one per 4 in-flight requests, at most 4)",
+    )  # fmt: skip
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "bench_agreement")
     args = p.parse_args()
     work = Path(tempfile.mkdtemp(prefix="agreement-"))
@@ -108,7 +111,8 @@ def main() -> None:
                         if tool == "pa":
                             result = perf_analyzer(args.perf_analyzer, url, protocol, c, work)
                         else:
-                            result = infermux_bench(url, protocol, c, work, args.processes)
+                            processes = args.processes or max(1, min(4, c // 4))
+                            result = infermux_bench(url, protocol, c, work, processes)
                         runs.setdefault(f"{tool}|{protocol}|{c}", []).append(result)
                         print(
                             f"round {r} {tool} {protocol} c={c}: {result['throughput']:,.0f}/s",

@@ -111,23 +111,34 @@ def http_bodies(
 
 
 class GrpcSender:
-    """Prepared ``ModelInferRequest`` bytes (one per slot) over one grpc.aio channel."""
+    """Prepared ``ModelInferRequest`` bytes (one per slot), sent through grpc.aio (open loop)
+    or, closed loop, through grpcio's blocking stub from one thread per slot: a blocking unary
+    call costs about a third less client time than an asyncio one (measured on `simple`: 1.6
+    vs 2.6 ms per call on 2 shared cores), which is the difference at low concurrency."""
 
     def __init__(self, address: str, requests: dict[int, bytes]) -> None:
         import grpc
 
-        self._channel = grpc.aio.insecure_channel(
-            address, options=[("grpc.max_receive_message_length", 2**31 - 1)]
-        )
+        options = [("grpc.max_receive_message_length", 2**31 - 1)]
+        self._channel = grpc.aio.insecure_channel(address, options=options)
+        self._blocking_channel = grpc.insecure_channel(address, options=options)
         # No serializers: the request is already bytes and the answer is not decoded.
-        self._call = self._channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+        self._call = self._channel.unary_unary(_MODEL_INFER)
+        self._blocking = self._blocking_channel.unary_unary(_MODEL_INFER)
         self._requests = requests
 
     async def send(self, slot: int) -> None:
         await self._call(self._requests.get(slot) or self._requests[0])
 
+    def send_blocking(self, slot: int) -> None:
+        self._blocking(self._requests.get(slot) or self._requests[0])
+
     async def close(self) -> None:
         await self._channel.close()
+        self._blocking_channel.close()
+
+
+_MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
 
 
 def grpc_requests(

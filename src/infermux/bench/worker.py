@@ -12,8 +12,9 @@ import asyncio
 import contextlib
 import os
 import random
+import threading
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from multiprocessing.queues import Queue
 from typing import Any
@@ -93,10 +94,35 @@ async def _level(
         while not stop.is_set():
             await asyncio.sleep(FLUSH_S)
             if samples:
-                batch, samples[:] = list(samples), []
+                # Swap the list out whole: slot threads append to it concurrently.
+                batch = samples[:]
+                del samples[: len(batch)]
                 results.put(("samples", job.index, batch))
 
     async def closed(slots: int) -> None:
+        blocking = client.blocking()
+        if blocking is not None:  # gRPC: a thread per slot, blocking calls (see GrpcSender)
+            halt = threading.Event()
+
+            def slot_thread(slot: int) -> None:
+                while not halt.is_set():
+                    started = time.perf_counter()
+                    try:
+                        blocking(slot)
+                        ok = True
+                    except Exception:
+                        ok = False
+                    samples.append((time.monotonic(), time.perf_counter() - started, ok))
+
+            threads = [threading.Thread(target=slot_thread, args=(i,)) for i in range(slots)]
+            for thread in threads:
+                thread.start()
+            await stop.wait()
+            halt.set()
+            for thread in threads:
+                await loop.run_in_executor(None, thread.join)
+            return
+
         async def slot_loop(slot: int) -> None:
             while not stop.is_set():
                 await timed(slot)
@@ -129,7 +155,7 @@ async def _level(
     if job.options.open_loop:
         load: Awaitable[None] = open_loop(share)
     else:
-        load = closed(max(1, round(share)))
+        load = closed(round(share))
     running = asyncio.gather(load, flush())
     await loop.run_in_executor(None, commands.get)  # "next": the coordinator has its windows
     stop.set()
@@ -232,6 +258,10 @@ class _Client:
     async def infer(self, slot: int) -> None:
         assert self._sender is not None
         await self._sender.send(slot)
+
+    def blocking(self) -> Callable[[int], None] | None:
+        """A blocking send, where the protocol has a faster one (gRPC)."""
+        return self._sender.send_blocking if isinstance(self._sender, GrpcSender) else None
 
     async def close(self) -> None:
         import tritonclient.utils.shared_memory as shm
