@@ -20,7 +20,7 @@ from infermux.errors import (
 from infermux.model_config import ModelConfig
 from infermux.observability.tracing import TRACING
 from infermux.repository import LoadedModel, ModelRepository
-from infermux.routing import Router, TrafficReport, parse_policy
+from infermux.routing import Router, TrafficPolicy, TrafficReport, parse_policy
 from infermux.routing.shadow import ShadowRuns, copied
 from infermux.types import (
     SHM_REGION,
@@ -119,16 +119,16 @@ class DataPlane:
     async def infer(self, request: InferRequest) -> InferResponse:
         """Validate, schedule and run one request; raises an :class:`InfermuxError` on failure."""
         started = time.perf_counter_ns()
-        model = self.router.route(request)
+        model, policy = self.router.route(request)
         if TRACING.tracer is None or not TRACING.sampled(request.trace_context):
-            return await self._infer(model, request, started)
+            return await self._infer(model, policy, request, started)
         with TRACING.request_span(
             model.name, str(model.version), request.id, request.trace_context
         ):
-            return await self._infer(model, request, started)
+            return await self._infer(model, policy, request, started)
 
     async def _infer(
-        self, model: LoadedModel, request: InferRequest, started: int
+        self, model: LoadedModel, policy: TrafficPolicy, request: InferRequest, started: int
     ) -> InferResponse:
         try:
             device: dict[str, DeviceArray] = {}
@@ -146,7 +146,7 @@ class DataPlane:
             model_request = to_model_request(model.config, request, device)
             if TRACING.tracer is not None:
                 TRACING.annotate_request(model_request.batch_size)
-            mirror = self.router.shadow(model)
+            mirror = self.router.shadow(model, policy)
             if mirror is not None:  # copied now: shared-memory inputs are gone after the answer
                 copy = copied(model_request)
             submitted = time.perf_counter_ns()

@@ -74,36 +74,38 @@ class Router:
 
     # -- the request path -------------------------------------------------------------------------
 
-    def route(self, request: InferRequest) -> LoadedModel:
-        """The version that answers ``request``; raises like ``repository.get`` when none can."""
+    def route(self, request: InferRequest) -> tuple[LoadedModel, TrafficPolicy]:
+        """The version that answers ``request``, and the policy in force (for :meth:`shadow`);
+        raises like ``repository.get`` when no version can answer."""
         name = request.model_name
-        if request.model_version:
-            return self._repository.get(name, request.model_version)
         policy = self.policy(name)
+        if request.model_version:
+            return self._repository.get(name, request.model_version), policy
         if not policy.weights:
-            return self._repository.get(name)
+            return self._repository.get(name), policy
         serving = self._repository.serving(name)
         choices = [(v, w) for v, w in sorted(policy.weights.items()) if w > 0 and v in serving]
         if not choices:  # the weighted versions are not served (yet): the default one answers
-            return self._repository.get(name)
+            return self._repository.get(name), policy
         key = _sticky_key(request.parameters, policy.sticky_key)
         if key:
-            return serving[_rendezvous(key, choices)]
+            return serving[_rendezvous(key, choices)], policy
         pick = self._random() * sum(w for _, w in choices)
         for version, weight in choices:
             pick -= weight
             if pick < 0:
-                return serving[version]
-        return serving[choices[-1][0]]
+                return serving[version], policy
+        return serving[choices[-1][0]], policy
 
-    def shadow(self, model: LoadedModel) -> tuple[ShadowPolicy, LoadedModel, ShadowStats] | None:
-        """Where to mirror a request ``model`` answers now, or None (no shadow, not this time,
-        or the candidate is the primary or is not served)."""
-        entry = self._models.get(model.name)
-        policy = self.policy(model.name)
+    def shadow(
+        self, model: LoadedModel, policy: TrafficPolicy
+    ) -> tuple[ShadowPolicy, LoadedModel, ShadowStats] | None:
+        """Where to mirror a request ``model`` answers under ``policy``, or None (no shadow, not
+        this time, or the candidate is the primary or is not served)."""
         shadow = policy.shadow
-        if shadow is None or entry is None or shadow.version == model.version:
+        if shadow is None or shadow.version == model.version:
             return None
+        entry = self._models.setdefault(model.name, _Model())
         if shadow.fraction < 1 and self._random() >= shadow.fraction:
             return None
         candidate = self._repository.serving(model.name).get(shadow.version)
