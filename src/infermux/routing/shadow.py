@@ -5,6 +5,7 @@ gets the primary's answer, whatever the candidate does (fails, differs, is slow,
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Sequence
@@ -127,7 +128,10 @@ class ShadowRuns:
         if request is None:
             mirror[2].dropped += 1
             return
-        run = _run(mirror, request, primary, primary_ns)
+        # The primary's outputs may alias its inputs (an identity model), which live in shared
+        # memory that is reused once the answer has left: compare against a copy.
+        kept = [dataclasses.replace(t, data=np.array(t.data, copy=True)) for t in primary]
+        run = _run(mirror, request, kept, primary_ns)
         task = asyncio.get_running_loop().create_task(run)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
