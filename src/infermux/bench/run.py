@@ -47,10 +47,19 @@ class _Server:
     def metadata(self) -> dict[str, Any]:
         return self._json("get_model_metadata", self._options.model, self._options.model_version)
 
-    def max_batch_size(self) -> int:
-        config = self._json("get_model_config", self._options.model, self._options.model_version)
+    def batched(self, metadata: dict[str, Any]) -> bool:
+        """Whether the model takes a batch dimension: its config says (max_batch_size > 0), or,
+        on a server without the model configuration extension (MLServer), every input's first
+        dimension is variable."""
+        try:
+            config = self._json(
+                "get_model_config", self._options.model, self._options.model_version
+            )
+        except Exception:
+            inputs = metadata.get("inputs", [])
+            return bool(inputs) and all(int(i["shape"][0]) == -1 for i in inputs if i["shape"])
         config = config.get("config", config)
-        return int(config.get("max_batch_size", config.get("maxBatchSize", 0)) or 0)
+        return int(config.get("max_batch_size", config.get("maxBatchSize", 0)) or 0) > 0
 
     def statistics(self) -> dict[str, tuple[int, int]] | None:
         try:
@@ -71,7 +80,7 @@ def run(options: BenchOptions, console: Console | None = None) -> list[Level]:
     try:
         server = _Server(options)
         metadata = server.metadata()
-        batched = server.max_batch_size() > 0
+        batched = server.batched(metadata)
     except Exception as exc:
         raise BenchError(
             f"cannot reach model '{options.model}' at {options.address}: {exc}"
