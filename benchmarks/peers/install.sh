@@ -13,3 +13,4 @@ make fastapi fastapi uvicorn numpy
 make litserve torch==2.13.0 litserve numpy   # torch first: the CPU build on local disk
 make mlserver mlserver==1.7.1 'uvloop<0.22' numpy
 make pytriton nvidia-pytriton==0.7.0 numpy
+make ray 'ray[serve]' numpy

@@ -1,6 +1,7 @@
-"""infermux beside its peers on this machine, one run: the same `simple` model (INT32 add/sub of
-two 16-vectors) on every server, the same client per protocol, concurrency 1 / 8 / 32,
-alternating rounds (server order reversed on odd rounds), medians, ratios to infermux.
+"""infermux beside its peers (Triton via PyTriton, MLServer, LitServe, Ray Serve, plain FastAPI)
+on this machine, one run: the same `simple` model (INT32 add/sub of two 16-vectors) on every
+server, the same client per protocol, concurrency 1 / 8 / 32, alternating rounds (server order
+reversed on odd rounds), medians, ratios to infermux.
 
 Clients: V2 servers are driven by ``infermux bench`` (binary tensors over HTTP, and gRPC);
 servers with their own JSON API by ``hey`` (Debian package) with that JSON; infermux is also
@@ -110,16 +111,25 @@ PEERS = [
          PLAIN_JSON, venv="litserve"),
     Peer("fastapi", _script("fastapi_server.py", "fastapi"), "/docs", ["json"], "/predict",
          PLAIN_JSON, venv="fastapi"),
+    Peer("ray serve", _script("rayserve_server.py", "ray"), "/predict", ["json"], "/predict",
+         PLAIN_JSON, venv="ray"),
 ]  # fmt: skip
 
 
-def wait_ready(url: str, process: subprocess.Popen[bytes], timeout: float = 120) -> None:
+def wait_ready(
+    url: str, process: subprocess.Popen[bytes], body: bytes | None = None, timeout: float = 120
+) -> None:
+    """Until ``url`` answers 200 (to a POST of ``body`` when given: Ray Serve's proxy is healthy
+    before its application is deployed, so only a real request tells)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise RuntimeError(f"exited with {process.returncode}")
+        request = urllib.request.Request(
+            url, data=body, headers={"Content-Type": "application/json"}
+        )
         try:
-            with urllib.request.urlopen(url, timeout=2) as response:
+            with urllib.request.urlopen(request, timeout=2) as response:
                 if response.status == 200:
                     return
         except Exception:
@@ -181,7 +191,7 @@ def run_peer(
                                  "import sysconfig;print(sysconfig.get_config_var('LIBDIR'))"],
                                 capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
         env["LD_LIBRARY_PATH"] = libdir
-    env["RAY_USAGE_STATS_ENABLED"] = "0"
+    env["RAY_USAGE_STATS_ENABLED"] = "0"  # no usage reporting (nothing outside is reachable)
     log = (work / "server.log").open("wb")
     try:
         command = peer.start(venvs, ports, work)
@@ -192,7 +202,8 @@ def run_peer(
     process = subprocess.Popen(command, stdout=log, stderr=log, env=env,
                                cwd=work, start_new_session=True)  # fmt: skip
     try:
-        wait_ready(f"http://127.0.0.1:{ports[0]}{peer.ready_path}", process)
+        probe = json.dumps(peer.json_body).encode() if peer.ready_path == peer.json_path else None
+        wait_ready(f"http://127.0.0.1:{ports[0]}{peer.ready_path}", process, probe)
         for c in levels:
             for client in peer.clients:
                 if client == "json":
@@ -220,6 +231,11 @@ def run_peer(
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
         log.close()
+        if peer.venv == "ray":  # Ray's own processes leave the process group: stop them all
+            ray = venvs / "ray" / "bin" / "ray"
+            subprocess.run(
+                [str(ray), "stop", "--force"], capture_output=True, check=False, timeout=60
+            )
 
 
 def main() -> None:
@@ -228,14 +244,16 @@ def main() -> None:
     p.add_argument("--concurrency", default="1,8,32")
     p.add_argument("--seconds", type=int, default=6, help="hey's duration per point")
     p.add_argument("--venvs", type=Path, default=Path("/tmp/peers"))
+    p.add_argument("--only", default="", help="comma-separated peer names (default: every peer)")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "peers")
     args = p.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
     results: dict[str, list[dict[str, float]]] = {}
     status: dict[str, str] = {}
     started = time.monotonic()
+    chosen = [p for p in PEERS if not args.only or p.name in args.only.split(",")]
     for r in range(args.rounds):
-        for peer in PEERS if r % 2 == 0 else list(reversed(PEERS)):
+        for peer in chosen if r % 2 == 0 else list(reversed(chosen)):
             status[peer.name] = run_peer(peer, args.venvs, levels, args.seconds, results)
             print(f"round {r}: {status[peer.name][:300]}", flush=True)
     rows = []
