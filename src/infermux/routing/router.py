@@ -122,7 +122,7 @@ class Router:
             return entry.override
         text = self._config_text(name)
         if not text:
-            return entry.override if entry and entry.override else EMPTY
+            return EMPTY
         if entry is None:
             entry = self._models[name] = _Model()
         if entry.config_text != text:  # a (re)loaded config: parse once, not per request
