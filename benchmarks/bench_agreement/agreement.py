@@ -4,7 +4,10 @@ levels, for ``--rounds`` rounds; medians and the ratio infermux bench / perf_ana
 throughput and p50/p99 latency go to ``benchmarks/results/bench_agreement/`` (target: within 10%).
 
     python benchmarks/bench_agreement/agreement.py [--rounds 3] [--concurrency 1,4,16]
-        [--perf-analyzer /tmp/pa/perf_analyzer] [--server-args "--frontends 1"]
+        [--perf-analyzer /tmp/pa/perf_analyzer] [--server-args "--frontends 1"] [--model mlp]
+
+``--model mlp`` serves the peers' small MLP (``benchmarks/peers/mlp.py``, TorchScript through the
+PyTorch backend, dynamic batching with 500 µs delay) instead of `simple`.
 """
 
 from __future__ import annotations
@@ -27,13 +30,9 @@ ROOT = Path(__file__).resolve().parents[2]
 READY = re.compile(r"ready: HTTP on http://([^:]+):(\d+), gRPC on [^:]+:(\d+)")
 
 
-def start(server_args: str) -> tuple[subprocess.Popen[str], str, str]:
+def start(server_args: str, repository: Path) -> tuple[subprocess.Popen[str], str, str]:
     command = [sys.executable, "-m", "infermux", "serve", "--http-port", "0", "--grpc-port", "0"]
-    command += ["--metrics-port", "0", *server_args.split()]
-    command += [
-        "--model-repository",
-        str(ROOT / "src" / "infermux" / "examples" / "model_repository"),
-    ]
+    command += ["--metrics-port", "0", *server_args.split(), "--model-repository", str(repository)]
     process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, start_new_session=True)
     assert process.stderr is not None
     for line in process.stderr:
@@ -48,11 +47,11 @@ def start(server_args: str) -> tuple[subprocess.Popen[str], str, str]:
 
 
 def perf_analyzer(
-    pa: str, url: str, protocol: str, concurrency: int, work: Path
+    pa: str, model: str, url: str, protocol: str, concurrency: int, *, work: Path
 ) -> dict[str, float]:
     out = work / f"pa-{protocol}-{concurrency}.csv"
     subprocess.run(
-        [pa, "-m", "simple", "-i", protocol, "-u", url, "--concurrency-range", str(concurrency),
+        [pa, "-m", model, "-i", protocol, "-u", url, "--concurrency-range", str(concurrency),
          "-p", "2000", "--max-trials", "10", "-f", str(out)],
         check=False, capture_output=True, timeout=300,
     )  # fmt: skip
@@ -66,11 +65,11 @@ def perf_analyzer(
 
 
 def infermux_bench(
-    url: str, protocol: str, concurrency: int, work: Path, processes: int
+    model: str, url: str, protocol: str, concurrency: int, *, work: Path, processes: int
 ) -> dict[str, float]:
     out = work / f"ib-{protocol}-{concurrency}.json"
     subprocess.run(
-        [sys.executable, "-m", "infermux", "bench", "simple", "-i", protocol, "-u", url,
+        [sys.executable, "-m", "infermux", "bench", model, "-i", protocol, "-u", url,
          "--concurrency-range", str(concurrency), "-p", "2", "--max-trials", "10",
          "--processes", str(processes), "--json", str(out)],
         check=False, capture_output=True, timeout=300,
@@ -95,10 +94,17 @@ def main() -> None:
         "--processes", type=int, default=0,
         help="infermux bench --processes (default: one per 4 in-flight requests, at most 4)",
     )  # fmt: skip
+    p.add_argument("--model", choices=("simple", "mlp"), default="simple")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "bench_agreement")
     args = p.parse_args()
     work = Path(tempfile.mkdtemp(prefix="agreement-"))
-    process, http, grpc = start(args.server_args)
+    repository = ROOT / "src" / "infermux" / "examples" / "model_repository"
+    if args.model == "mlp":
+        sys.path.insert(0, str(ROOT / "benchmarks" / "peers"))
+        import mlp
+
+        repository = mlp.infermux_repository(work / "repository", repository / "simple")
+    process, http, grpc = start(args.server_args, repository)
     runs: dict[str, list[dict[str, float]]] = {}
     try:
         time.sleep(1)
@@ -109,10 +115,14 @@ def main() -> None:
                     tools = ("pa", "ib") if r % 2 == 0 else ("ib", "pa")
                     for tool in tools:
                         if tool == "pa":
-                            result = perf_analyzer(args.perf_analyzer, url, protocol, c, work)
+                            result = perf_analyzer(
+                                args.perf_analyzer, args.model, url, protocol, c, work=work
+                            )
                         else:
                             processes = args.processes or max(1, min(4, c // 4))
-                            result = infermux_bench(url, protocol, c, work, processes)
+                            result = infermux_bench(
+                                args.model, url, protocol, c, work=work, processes=processes
+                            )
                         runs.setdefault(f"{tool}|{protocol}|{c}", []).append(result)
                         print(
                             f"round {r} {tool} {protocol} c={c}: {result['throughput']:,.0f}/s",
@@ -144,13 +154,13 @@ def main() -> None:
         "cpus": os.cpu_count(),
         "rounds": args.rounds,
         "server_args": args.server_args,
+        "model": args.model,
         "rows": rows,
     }
-    (args.out / f"agreement-{os.cpu_count()}cores.json").write_text(
-        json.dumps(doc, indent=2) + "\n"
-    )
+    stem = f"agreement-{os.cpu_count()}cores" + ("" if args.model == "simple" else f"-{args.model}")
+    (args.out / f"{stem}.json").write_text(json.dumps(doc, indent=2) + "\n")
     lines = [
-        f"# infermux bench vs perf_analyzer on one `infermux serve` (`simple`, {os.cpu_count()} cores, "
+        f"# infermux bench vs perf_analyzer on one `infermux serve` (`{args.model}`, {os.cpu_count()} cores, "
         f"median of {args.rounds} alternating rounds; server args: `{args.server_args or 'default'}`)",
         "",
         "| protocol | c | perf_analyzer infer/s | infermux bench infer/s | ratio | PA p50 µs | IB p50 µs | ratio | PA p99 µs | IB p99 µs | ratio | IB client CPU (cores) |",
@@ -162,7 +172,7 @@ def main() -> None:
             f"{row['ratio_throughput']:.2f} | {row['pa_p50_us']:,.0f} | {row['ib_p50_us']:,.0f} | {row['ratio_p50_us']:.2f} | "
             f"{row['pa_p99_us']:,.0f} | {row['ib_p99_us']:,.0f} | {row['ratio_p99_us']:.2f} | {row['ib_client_cpu_cores']:.2f} |"
         )
-    (args.out / f"agreement-{os.cpu_count()}cores.md").write_text("\n".join(lines) + "\n")
+    (args.out / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

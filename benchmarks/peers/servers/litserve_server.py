@@ -1,9 +1,11 @@
-"""`simple` (INT32 add/sub of two 16-vectors) on LitServe, same JSON as the FastAPI baseline."""
+"""The peers' models on LitServe, same JSON as the FastAPI baseline: `simple` unbatched on
+/predict, the MLP batched (32, 0.5 ms) on /mlp.  argv: HTTP port, -, -, MLP TorchScript file."""
 
 import sys
 
 import litserve as ls
 import numpy as np
+import torch
 
 
 class Simple(ls.LitAPI):
@@ -21,6 +23,31 @@ class Simple(ls.LitAPI):
         return {"sum": out[0].tolist(), "diff": out[1].tolist()}
 
 
+class Mlp(ls.LitAPI):
+    def setup(self, device: str) -> None:
+        self.net = torch.jit.load(sys.argv[4]).eval()
+
+    def decode_request(self, request: dict) -> torch.Tensor:
+        return torch.tensor(request["x"], dtype=torch.float32)
+
+    def batch(self, inputs: list[torch.Tensor]) -> torch.Tensor:
+        return torch.stack(inputs)
+
+    def predict(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.inference_mode():
+            return self.net(x)
+
+    def unbatch(self, y: torch.Tensor) -> list[torch.Tensor]:
+        return list(y)
+
+    def encode_response(self, y: torch.Tensor) -> dict[str, list[float]]:
+        return {"y": y.tolist()}
+
+
 if __name__ == "__main__":
-    server = ls.LitServer(Simple(), accelerator="cpu", workers_per_device=1)
+    apis = [
+        Simple(api_path="/predict"),
+        Mlp(api_path="/mlp", max_batch_size=32, batch_timeout=0.0005),
+    ]
+    server = ls.LitServer(apis, accelerator="cpu", workers_per_device=1)
     server.run(host="127.0.0.1", port=int(sys.argv[1]), generate_client_file=False)
