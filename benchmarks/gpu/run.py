@@ -224,7 +224,11 @@ class Bench:
         args = self.args
         if name in self.frontends and name.startswith("infermux"):
             return start_infermux(
-                self.work / "repos" / model, model, log, frontends=self.frontends[name]
+                self.work / "repos" / model,
+                model,
+                log,
+                frontends=self.frontends[name],
+                executors=args.executors,
             )
         spec = model_spec(model, args.tiny)
         return start_peer(
@@ -411,6 +415,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument(
         "--gpus", default="", help="instance_group gpus (e.g. 0,1: --instances on each GPU)"
     )
+    p.add_argument("--executors", type=int, default=1, help="infermux --executors")
     p.add_argument("--queue-delay-us", type=int, default=500, help="max_queue_delay_microseconds")
     p.add_argument(
         "--cuda-graphs",

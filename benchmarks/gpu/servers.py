@@ -37,7 +37,13 @@ def _env() -> dict[str, str]:
 
 
 def start_infermux(
-    repo: Path, model: str, log: Path, timeout: float = 300, frontends: int = 1
+    repo: Path,
+    model: str,
+    log: Path,
+    timeout: float = 300,
+    *,
+    frontends: int = 1,
+    executors: int = 1,
 ) -> Server:
     command = [
         sys.executable,
@@ -58,6 +64,8 @@ def start_infermux(
         "true",
         "--frontends",
         str(frontends),
+        "--executors",
+        str(executors),
     ]
     process = GroupProcess("infermux", command, log, _env())
     server = Server("infermux", process)

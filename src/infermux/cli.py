@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import platform
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -17,6 +19,7 @@ from infermux.settings import (
     DEFAULT_MAX_INPUT_SIZE,
     DEFAULT_TRACE_URL,
     DISABLED_PORT,
+    MAX_EXECUTORS,
     MAX_FRONTENDS,
     ServerSettings,
     auto_frontends,
@@ -86,6 +89,34 @@ def _frontends(value: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a number or 'auto', got '{value}'") from None
     if not 1 <= number <= MAX_FRONTENDS:
         raise argparse.ArgumentTypeError(f"must be 1-{MAX_FRONTENDS}, got {value}")
+    return number
+
+
+def auto_executors(environ: dict[str, str] | None = None) -> int:
+    """Executor processes for ``--executors auto``: one per visible GPU (NVML's count, or the
+    ``CUDA_VISIBLE_DEVICES`` list when set), at most :data:`MAX_EXECUTORS`; one without GPUs
+    or off x86-64 (several executors need the shared-memory ring)."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return 1
+    visible = (os.environ if environ is None else environ).get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        count = len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
+    else:
+        from infermux.runtime.nvml import NVML
+
+        count = len(NVML.read()) if NVML.available else 0
+    return max(1, min(MAX_EXECUTORS, count))
+
+
+def _executors(value: str) -> int:
+    if value.strip().lower() == "auto":
+        return auto_executors()
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number or 'auto', got '{value}'") from None
+    if not 1 <= number <= MAX_EXECUTORS:
+        raise argparse.ArgumentTypeError(f"must be 1-{MAX_EXECUTORS}, got {value}")
     return number
 
 
@@ -218,6 +249,15 @@ def _add_serve_arguments(serve: argparse.ArgumentParser) -> argparse.ArgumentPar
         "and one executor",
     )
     serve.add_argument(
+        "--executors",
+        type=_executors,
+        default=1,
+        metavar="N|auto",
+        help="executor processes (default 1; auto: one per visible GPU). Each holds the "
+        "instances of its GPUs (GPU g: executor g %% N) and every N-th CPU instance, with its "
+        "own GIL; N > 1 runs the front ends in processes of their own too",
+    )
+    serve.add_argument(
         "--ipc-arena-mb",
         type=_positive(int),
         default=DEFAULT_IPC_ARENA_MB,
@@ -297,6 +337,7 @@ def parse_settings(argv: Sequence[str]) -> ServerSettings:
         grpc_uds=args.grpc_uds,
         grpc_max_message_size=args.grpc_max_message_size,
         frontends=args.frontends or auto_frontends(ipc_arena_mb=args.ipc_arena_mb),
+        executors=args.executors,
         ipc_arena_mb=args.ipc_arena_mb,
     )
 

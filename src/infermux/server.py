@@ -111,7 +111,9 @@ async def serve(settings: ServerSettings) -> None:
     """Run a server (in this process, or supervising front-end and executor processes) with
     SIGINT/SIGTERM wired to a graceful shutdown."""
     server: _Stoppable = (
-        Supervisor(settings) if settings.frontends > 1 else InfermuxServer(settings)
+        Supervisor(settings)
+        if settings.frontends > 1 or settings.executors > 1
+        else InfermuxServer(settings)
     )
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

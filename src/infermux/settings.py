@@ -15,6 +15,7 @@ DEFAULT_MAX_INPUT_SIZE = 64 * 1024 * 1024  # tritonserver's --http-max-input-siz
 DEFAULT_GRPC_MAX_MESSAGE_SIZE = 2**31 - 1  # as tritonserver and tritonclient: effectively no cap
 DISABLED_PORT = -1  # a front end with this port listens on its unix socket only
 MAX_FRONTENDS = 64
+MAX_EXECUTORS = 16
 DEFAULT_IPC_ARENA_MB = 256
 IPC_RING_BYTES = 4 * 2**20  # each of a channel's two rings (infermux.ipc.channel)
 
@@ -165,4 +166,7 @@ class ServerSettings:
     grpc_uds: Path | None = None
     grpc_max_message_size: int = DEFAULT_GRPC_MAX_MESSAGE_SIZE
     frontends: int = 1
+    executors: int = 1
+    """Executor processes (``--executors``); more than one runs the supervisor even with one
+    front end, and places instances by device (``repository/placement.py``)."""
     ipc_arena_mb: int = DEFAULT_IPC_ARENA_MB

@@ -11,7 +11,8 @@ import torch
 
 from infermux.backends.pytorch import PyTorchBackend, PyTorchInstance
 from infermux.repository import load_model_config
-from infermux.repository.loader import _create_instances, _placements
+from infermux.repository.loader import _create_instances
+from infermux.repository.placement import placements
 from infermux.runtime import WEIGHTS, total_by_device
 from infermux.runtime.memory import instance_memory
 from tests.gpu.torch_models import Wide, close, load, rows, run, write
@@ -41,7 +42,7 @@ def test_two_instances_on_each_of_two_gpus(tmp_path: Path) -> None:
     torch.cuda.synchronize(0)
     torch.cuda.synchronize(1)
     before = [torch.cuda.memory_allocated(d) for d in (0, 1)]
-    created = _create_instances(PyTorchBackend().load, config, model_dir, 1, _placements(config))
+    created = _create_instances(PyTorchBackend().load, config, model_dir, 1, placements(config))
     instances = [i for i in created if isinstance(i, PyTorchInstance)]
     (cpu,) = load(model_dir, "cpu", 1)
     try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from infermux import __version__
 from infermux.backends import BackendRegistry
-from infermux.repository import ControlMode, LoadObserver, ModelRepository
+from infermux.repository import ONLY, ControlMode, LoadObserver, ModelRepository, Shard
 from infermux.settings import ServerSettings
 from infermux.types import ServerMetadata
 
@@ -34,7 +34,7 @@ def server_metadata(settings: ServerSettings) -> ServerMetadata:
 
 
 def build_repository(
-    settings: ServerSettings, observer: LoadObserver | None = None
+    settings: ServerSettings, observer: LoadObserver | None = None, shard: Shard = ONLY
 ) -> ModelRepository:
     return ModelRepository(
         settings.model_repositories,
@@ -44,6 +44,7 @@ def build_repository(
         poll_seconds=settings.repository_poll_secs,
         observer=observer,
         histograms=settings.allow_metrics,
+        shard=shard,
     )
 
 

@@ -1,4 +1,4 @@
-"""The data plane of a front-end process: every V2 operation forwarded to the executor.
+"""One executor as a front-end process sees it: every V2 operation forwarded over one channel.
 
 A front-end process decodes requests and encodes answers; the models live in the executor
 process. This class is what its HTTP and gRPC front ends are given instead of a
@@ -85,8 +85,9 @@ class _Pending:
     blocks: list[Block] = field(default_factory=list)  # input bytes the executor may still read
 
 
-class RemoteDataPlane:
-    """Implements :class:`~.operations.Operations` by forwarding to the executor."""
+class RemoteExecutor:
+    """Implements :class:`~.operations.Operations` by forwarding to one executor process
+    (:class:`~.executors.RemoteDataPlane` spreads a front end's work over several)."""
 
     def __init__(self, metadata: ServerMetadata) -> None:
         self._metadata = metadata
@@ -96,6 +97,16 @@ class RemoteDataPlane:
         self._released: list[int] = []  # answer blocks read, to hand back in one Release frame
         self._why_detached = "the executor is starting"
         self._shutting_down = False
+        self._channel = ""
+
+    @property
+    def channel(self) -> str:
+        """The id of the channel in use ("" while detached)."""
+        return self._channel if self._link is not None else ""
+
+    @property
+    def why_detached(self) -> str:
+        return self._why_detached
 
     # -- channel ----------------------------------------------------------------------------------
 
@@ -107,6 +118,7 @@ class RemoteDataPlane:
         """Start forwarding over the channel ``spec`` (replacing any previous one)."""
         self.detach("the executor was replaced")
         self._link = Link(Endpoint(spec, "frontend"), self._on_frames)
+        self._channel = spec.id
         logger.debug("attached to executor channel %s", spec.id)
 
     def detach(self, why: str) -> None:

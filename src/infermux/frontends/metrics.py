@@ -1,13 +1,16 @@
 """The metrics endpoint: ``GET /metrics`` in the Prometheus text format on ``--metrics-port``.
 
 It runs in the process that owns the models (the one process, or the executor behind several
-front-end processes), on that process's event loop, where the counters it reads live.
+front-end processes), on that process's event loop, where the counters it reads live. With
+several executors (``--executors N``) the supervisor serves it, merging what each executor sends
+(:func:`infermux.observability.metrics.merge`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import socket
+from collections.abc import Awaitable, Callable
 
 from prometheus_client import CollectorRegistry
 
@@ -25,10 +28,10 @@ PATH = "/metrics"
 
 class MetricsApp:
     """A raw ASGI application answering ``GET``/``HEAD /metrics`` (404 elsewhere, 405 for other
-    methods)."""
+    methods) with what ``source`` renders: a registry, or a coroutine that gathers the text."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self._registry = registry
+    def __init__(self, source: CollectorRegistry | Callable[[], Awaitable[bytes]]) -> None:
+        self._source = source
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -39,7 +42,12 @@ class MetricsApp:
         elif method not in ("GET", "HEAD"):
             status, body, headers = 405, b"method not allowed\n", [(b"allow", b"GET, HEAD")]
         else:
-            status, body, headers = 200, metrics.render(self._registry), []
+            source = self._source
+            if isinstance(source, CollectorRegistry):
+                body = metrics.render(source)
+            else:
+                body = await source()
+            status, headers = 200, []
         content_type = metrics.CONTENT_TYPE if status == 200 else "text/plain; charset=utf-8"
         headers += [
             (b"content-type", content_type.encode()),
@@ -58,18 +66,25 @@ def metrics_socket(settings: ServerSettings) -> socket.socket | None:
 
 
 class MetricsEndpoint:
-    """Serves ``/metrics`` for ``repository`` and its ``router`` on ``sock``."""
+    """Serves ``/metrics`` on ``sock``: for ``repository`` and its ``router``, or what the
+    ``source`` coroutine gathers (the supervisor of several executors)."""
 
     def __init__(
         self,
         settings: ServerSettings,
-        repository: ModelRepository,
-        router: Router,
+        repository: ModelRepository | None,
+        router: Router | None,
         sock: socket.socket,
+        source: Callable[[], Awaitable[bytes]] | None = None,
     ) -> None:
         self._sock = sock
-        registry = metrics.registry(repository, router, gpu=settings.allow_gpu_metrics)
-        self._server = HttpServer(MetricsApp(registry), graceful_timeout=1)
+        app: MetricsApp
+        if source is not None:
+            app = MetricsApp(source)
+        else:
+            assert repository is not None, "a repository or a source"
+            app = MetricsApp(metrics.registry(repository, router, gpu=settings.allow_gpu_metrics))
+        self._server = HttpServer(app, graceful_timeout=1)
         self._task: asyncio.Task[None] | None = None
 
     @property

@@ -9,12 +9,19 @@ answer's blocks back once the front end has copied them out.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import msgspec
 import numpy as np
 
-from infermux.errors import ErrorCode, InfermuxError, InternalError, InvalidArgumentError
+from infermux.errors import (
+    ErrorCode,
+    FailureReason,
+    InfermuxError,
+    InternalError,
+    InvalidArgumentError,
+)
 from infermux.ipc.arena import Arena, Block
 from infermux.tensor_bytes import tensor_from_bytes, tensor_to_bytes
 from infermux.types import Parameters, Tensor, numpy_dtype
@@ -86,6 +93,9 @@ class Failure(msgspec.Struct, array_like=True, tag=6):
     seq: int
     code: str
     message: str
+    reason: str = ""
+    """The :class:`~infermux.errors.FailureReason` (a front end over several executors retries
+    an executor that went away, never a refusal)."""
 
 
 ToExecutor = Infer | Call | Release
@@ -123,7 +133,7 @@ to_frontend = msgspec.msgpack.Decoder(ToFrontend).decode
 def failure(seq: int, exc: BaseException) -> Failure:
     """The frame that reports ``exc``; anything but an :class:`InfermuxError` is INTERNAL."""
     if isinstance(exc, InfermuxError):
-        return Failure(seq, exc.code.value, exc.message)
+        return Failure(seq, exc.code.value, exc.message, exc.reason.value)
     return Failure(seq, ErrorCode.INTERNAL.value, f"internal error: {exc}")
 
 
@@ -133,7 +143,10 @@ def raise_failure(frame: Failure) -> InfermuxError:
         code = ErrorCode(frame.code)
     except ValueError:
         code = ErrorCode.INTERNAL
-    return InfermuxError(frame.message, code)
+    error = InfermuxError(frame.message, code)
+    with contextlib.suppress(ValueError):  # an older or unknown reason stays OTHER
+        error.reason = FailureReason(frame.reason)
+    return error
 
 
 def arena_bytes(tensor: Tensor) -> tuple[int, bytes | None]:

@@ -264,13 +264,59 @@ def _bucket_bounds(bounds: tuple[int, ...], scale: float) -> tuple[str, ...]:
 
 
 def registry(
-    repository: ModelRepository, router: Router | None = None, *, gpu: bool = True
+    repository: ModelRepository,
+    router: Router | None = None,
+    *,
+    gpu: bool = True,
+    process: bool = True,
 ) -> CollectorRegistry:
     """What ``/metrics`` serves: the server's metrics and the process's (CPU, memory, fds)."""
     result = CollectorRegistry(auto_describe=False)
     result.register(ServerCollector(repository, router, gpu=gpu))
-    ProcessCollector(registry=result)
+    if process:
+        ProcessCollector(registry=result)
     return result
+
+
+Sample = tuple[str, dict[str, str], float]
+FamilyData = tuple[str, str, str, list[Sample]]
+"""A family as plain data (name, help, type, samples), to cross processes."""
+
+MAX_MERGED = frozenset({"nv_model_load_duration_secs", "infermux_shadow_max_abs_diff"})
+"""Gauges merged over executors by their largest value; every other sample is summed."""
+
+
+def family_data(source: CollectorRegistry) -> list[FamilyData]:
+    """One executor's families as plain data, for the supervisor to merge."""
+    return [(f.name, f.documentation, f.type, [(s.name, s.labels, s.value) for s in f.samples])
+            for f in source.collect()]  # fmt: skip
+
+
+def merge(parts: Iterable[list[FamilyData]]) -> list[Metric]:
+    """Every executor's families as one exposition (several executors: ``--executors N``).
+    A model version hosted by several executors has its counters, durations, histogram buckets
+    and gauges summed (what one process serving all of it would show), load time and largest
+    shadow difference maximised. GPU and process families come from executor 0 alone."""
+    families: dict[str, Metric] = {}
+    values: dict[str, dict[tuple[str, tuple[tuple[str, str], ...]], Sample]] = {}
+    for part in parts:
+        for name, documentation, kind, samples in part:
+            if name not in families:
+                families[name] = Metric(name, documentation, kind)
+                values[name] = {}
+            held = values[name]
+            for sample_name, labels, value in samples:
+                key = (sample_name, tuple(labels.items()))
+                if key not in held:
+                    held[key] = (sample_name, labels, value)
+                elif name in MAX_MERGED:
+                    held[key] = (sample_name, labels, max(held[key][2], value))
+                else:
+                    held[key] = (sample_name, labels, held[key][2] + value)
+    for name, family in families.items():
+        for sample_name, labels, value in values[name].values():
+            family.add_sample(sample_name, labels, value)
+    return list(families.values())
 
 
 def render(source: CollectorRegistry | Iterable[Metric]) -> bytes:

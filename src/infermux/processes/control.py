@@ -21,9 +21,11 @@ _LENGTH = struct.Struct("<I")
 
 
 class Attach(msgspec.Struct, tag=True):
-    """Supervisor -> child: serve (executor) or use (front end) this channel."""
+    """Supervisor -> child: serve (executor) or use (front end) this channel; ``executor``:
+    which executor is at the other end (front ends with ``--executors N``)."""
 
     spec: ChannelSpec
+    executor: int = 0
 
 
 class Detach(msgspec.Struct, tag=True):
@@ -56,7 +58,21 @@ class Failed(msgspec.Struct, tag=True):
     message: str
 
 
-Message = Attach | Detach | Stop | Started | Ready | Failed
+class Scrape(msgspec.Struct, tag=True):
+    """Supervisor -> executor (with several executors): send your metric families."""
+
+    seq: int
+
+
+class Scraped(msgspec.Struct, tag=True):
+    """Executor -> supervisor: the families of :class:`Scrape` ``seq``, as
+    :data:`~infermux.observability.metrics.FamilyData`."""
+
+    seq: int
+    families: list[tuple[str, str, str, list[tuple[str, dict[str, str], float]]]]
+
+
+Message = Attach | Detach | Stop | Started | Ready | Failed | Scrape | Scraped
 _decode = msgspec.msgpack.Decoder(Message).decode
 _encode = msgspec.msgpack.Encoder().encode
 
@@ -100,13 +116,16 @@ async def follow(
     control: Control,
     on_attach: Callable[[Attach], None],
     on_detach: Callable[[Detach], None],
+    on_scrape: Callable[[Scrape], None] | None = None,
 ) -> None:
-    """Hand the supervisor's channel messages to a child's handlers; return on :class:`Stop`
-    or once the supervisor is gone (either way the child shuts down)."""
+    """Hand the supervisor's messages to a child's handlers; return on :class:`Stop` or once
+    the supervisor is gone (either way the child shuts down)."""
     while (message := await control.receive()) is not None:
         if isinstance(message, Attach):
             on_attach(message)
         elif isinstance(message, Detach):
             on_detach(message)
+        elif isinstance(message, Scrape) and on_scrape is not None:
+            on_scrape(message)
         elif isinstance(message, Stop):
             return

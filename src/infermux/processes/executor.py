@@ -1,5 +1,6 @@
-"""The executor process: the one data plane (models, batchers, GPU runtime) behind every front
-end. It loads the repository, tells the supervisor it is ready, then serves whatever channels
+"""An executor process: a data plane (models, batchers, GPU runtime) behind every front end.
+It loads the repository (with ``--executors N``, only the instances its shard holds:
+``repository/placement.py``), tells the supervisor it is ready, then serves whatever channels
 the supervisor attaches, until told to stop (or until the supervisor is gone)."""
 
 from __future__ import annotations
@@ -14,35 +15,57 @@ from infermux.dataplane.assembly import build_dataplane, build_repository
 from infermux.dataplane.channel_server import ChannelServer
 from infermux.errors import InfermuxError, StartupError
 from infermux.frontends.metrics import MetricsEndpoint
+from infermux.observability import metrics as prometheus
 from infermux.observability.tracing import TRACING
 from infermux.progress import LoadProgress
+from infermux.repository import Shard
 from infermux.settings import ServerSettings
 
 from .common import become_child, configure_logging, run
-from .control import Control, Detach, Failed, Ready, follow
+from .control import Control, Detach, Failed, Ready, Scrape, Scraped, follow
 
 logger = logging.getLogger("infermux.executor")
 
 
-def main(settings: ServerSettings, sock: socket.socket, metrics_sock: socket.socket | None) -> None:
+def main(
+    settings: ServerSettings, index: int, sock: socket.socket, metrics_sock: socket.socket | None
+) -> None:
     """Process entry point (spawned by the supervisor). ``metrics_sock``: the supervisor's
-    metrics listener (it outlives executors), served here, where the model statistics are."""
+    metrics listener (it outlives executors), served here, where the model statistics are, when
+    there is one executor; with several the supervisor serves it and asks each for its part."""
     become_child()
-    configure_logging(settings, "executor")
-    run(_serve(settings, sock, metrics_sock))
+    configure_logging(settings, "executor" if settings.executors == 1 else f"executor-{index}")
+    run(_serve(settings, Shard(index, settings.executors), sock, metrics_sock))
 
 
 async def _serve(
-    settings: ServerSettings, sock: socket.socket, metrics_sock: socket.socket | None
+    settings: ServerSettings, shard: Shard, sock: socket.socket, metrics_sock: socket.socket | None
 ) -> None:
     control = await Control.open(sock)
-    progress = LoadProgress() if LoadProgress.wanted() else None
-    repository = build_repository(settings, progress)
+    progress = LoadProgress() if LoadProgress.wanted() and shard.index == 0 else None
+    repository = build_repository(settings, progress, shard)
     plane = build_dataplane(settings, repository)
     channels = ChannelServer(plane)
     metrics = (
         MetricsEndpoint(settings, repository, plane.router, metrics_sock) if metrics_sock else None
     )
+    # Several executors: the supervisor merges every executor's families; the GPUs and the
+    # process figures come from executor 0 alone (each would read the same GPUs).
+    families = (
+        prometheus.registry(
+            repository,
+            plane.router,
+            gpu=settings.allow_gpu_metrics and shard.index == 0,
+            process=shard.index == 0,
+        )
+        if settings.allow_metrics and shard.count > 1
+        else None
+    )
+
+    def scrape(message: Scrape) -> None:
+        data = prometheus.family_data(families) if families is not None else []
+        control.send(Scraped(message.seq, data))
+
     try:
         TRACING.start(settings.trace)
         with progress or contextlib.nullcontext():
@@ -67,7 +90,7 @@ async def _serve(
         task.add_done_callback(detaching.discard)
 
     async def until_stopped() -> None:
-        await follow(control, lambda m: channels.attach(m.spec), detach)
+        await follow(control, lambda m: channels.attach(m.spec), detach, scrape)
         stop.set()  # told to, or the supervisor is gone
 
     following = asyncio.create_task(until_stopped())

@@ -13,7 +13,7 @@ import signal
 import socket
 
 from infermux.dataplane.assembly import server_metadata
-from infermux.dataplane.remote import RemoteDataPlane
+from infermux.dataplane.executors import RemoteDataPlane
 from infermux.errors import StartupError
 from infermux.frontends.serving import FrontEnds
 from infermux.settings import ServerSettings
@@ -48,7 +48,7 @@ async def _serve(
     control = await Control.open(sock)
     for listener in http_sockets:
         listener.setblocking(False)
-    remote = RemoteDataPlane(server_metadata(settings))
+    remote = RemoteDataPlane(server_metadata(settings), settings.executors)
     try:
         fronts = FrontEnds(
             settings,
@@ -70,7 +70,11 @@ async def _serve(
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
 
     async def until_stopped() -> None:
-        await follow(control, lambda m: remote.attach(m.spec), lambda m: remote.detach(m.reason))
+        await follow(
+            control,
+            lambda m: remote.attach(m.spec, m.executor),
+            lambda m: remote.detach(m.reason, m.channel),
+        )
         stop.set()  # told to, or the supervisor is gone
 
     following = asyncio.create_task(until_stopped())

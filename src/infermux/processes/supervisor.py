@@ -1,10 +1,12 @@
-"""The supervisor: runs N front-end processes and one executor, and keeps them connected.
+"""The supervisor: runs N front-end processes and M executors, and keeps them connected.
 
 It binds the HTTP sockets once (every front end accepts on them, so a front end that dies loses
-no queued connection), starts the executor and the front ends, and gives each front end a
-fresh :class:`~infermux.ipc.Channel` to the executor whenever both ends are up. It restarts
-whatever dies: a dead front end costs only its own requests in flight; while the executor is
-down, front ends stay up and answer 503 (not ready) until the new one has loaded its models.
+no queued connection), starts the executors and the front ends, and gives each front end a
+fresh :class:`~infermux.ipc.Channel` to each executor whenever both ends are up. It restarts
+whatever dies: a dead front end costs only its own requests in flight; while an executor is
+down, front ends stay up and answer 503 (not ready) until the new one has loaded its models
+(with several executors, the models the others host keep serving). With several executors it
+also serves the metrics endpoint, merging what each executor sends.
 A process that keeps dying is restarted with growing delays (up to 10 s), never given up on,
 except at start-up, where a failure is the server's failure (bad repository, busy port).
 """
@@ -18,9 +20,7 @@ import platform
 import shutil
 import socket
 import tempfile
-import time
 from collections.abc import Coroutine
-from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any, Literal
@@ -28,51 +28,34 @@ from typing import Any, Literal
 from infermux import __version__
 from infermux.errors import StartupError
 from infermux.frontends import unix_socket
-from infermux.frontends.metrics import metrics_socket
+from infermux.frontends.metrics import MetricsEndpoint, metrics_socket
 from infermux.frontends.serving import http_endpoints, http_sockets
 from infermux.ipc import Channel
 from infermux.ipc.ring import ORDERED_STORES
+from infermux.observability import metrics as prometheus
 from infermux.settings import (
     DISABLED_PORT,
     IPC_RING_BYTES,
     ServerSettings,
-    channel_bytes,
-    shared_memory_free,
 )
 
 from . import executor, frontend
-from .control import Attach, Control, Detach, Failed, Message, Ready, Started, Stop
+from .children import KILL_GRACE, SCRAPE_TIMEOUT, Child, Slot, next_backoff
+from .common import check_shared_memory
+from .control import (
+    Attach,
+    Control,
+    Detach,
+    Failed,
+    Message,
+    Ready,
+    Scrape,
+    Scraped,
+    Started,
+    Stop,
+)
 
 logger = logging.getLogger("infermux")
-
-_MAX_BACKOFF = 10.0
-_STABLE_SECONDS = 10.0  # a process up this long resets its restart delay
-_KILL_GRACE = 5.0
-
-
-@dataclass(eq=False)
-class _Child:
-    role: Literal["executor", "frontend"]
-    index: int
-    process: BaseProcess
-    control: Control
-    started_at: float = field(default_factory=time.monotonic)
-    up: bool = False  # Started (front end) / Ready (executor) received
-    stopping: bool = False
-
-    @property
-    def name(self) -> str:
-        return "executor" if self.role == "executor" else f"frontend-{self.index}"
-
-
-@dataclass(eq=False)
-class _Slot:
-    """A front-end position: the process now filling it, its channel, its restart delay."""
-
-    index: int
-    child: _Child | None = None
-    channel: Channel | None = None
-    backoff: float = 0.0
 
 
 class Supervisor:
@@ -82,10 +65,12 @@ class Supervisor:
         self.settings = settings
         self._context = multiprocessing.get_context("spawn")
         self._stop = asyncio.Event()
-        self._events: asyncio.Queue[tuple[_Child, Message | None]] = asyncio.Queue()
-        self._slots = [_Slot(i) for i in range(settings.frontends)]
-        self._executor: _Child | None = None
-        self._executor_backoff = 0.0
+        self._events: asyncio.Queue[tuple[Child, Message | None]] = asyncio.Queue()
+        self._slots = [Slot(i) for i in range(settings.frontends)]
+        self._executors = [Slot(i) for i in range(settings.executors)]
+        self._scrapes: dict[int, dict[int, asyncio.Future[Scraped]]] = {}
+        self._scrape_seq = 0
+        self._metrics: MetricsEndpoint | None = None
         self._sockets: list[socket.socket] = []
         self._metrics_sock: socket.socket | None = None
         self._grpc_port = settings.grpc_port
@@ -103,9 +88,9 @@ class Supervisor:
     async def run(self) -> None:
         if not ORDERED_STORES:
             raise StartupError(
-                f"--frontends {self.settings.frontends}: several front-end processes need the "
-                f"shared-memory ring, which needs x86-64 (this is {platform.machine()}); "
-                "use --frontends 1"
+                f"--frontends {self.settings.frontends} --executors {self.settings.executors}: "
+                "several processes need the shared-memory ring, which needs x86-64 (this is "
+                f"{platform.machine()}); use --frontends 1 --executors 1"
             )
         check_shared_memory(self.settings)
         sockets, socket_files = http_sockets(self.settings)
@@ -118,6 +103,8 @@ class Supervisor:
             raise
         try:
             await self._start()
+            if self._metrics is not None:
+                await self._metrics.start()
             stopped = asyncio.ensure_future(self._stop.wait())
             while not self._stop.is_set():
                 event = asyncio.ensure_future(self._events.get())
@@ -127,6 +114,9 @@ class Supervisor:
                 else:
                     event.cancel()
         finally:
+            if self._metrics is not None:
+                await self._metrics.stop()  # closes the listener too
+                self._metrics_sock = None
             await self._shutdown()
             for sock in sockets:
                 sock.close()
@@ -139,7 +129,8 @@ class Supervisor:
 
     async def _start(self) -> None:
         """Start everything; any failure before the first ready is a start-up error."""
-        self._executor = await self._spawn_executor()
+        for slot in self._executors:
+            slot.child = await self._spawn_executor(slot.index)
         first = self._slots[0]
         first.child = await self._spawn_frontend(first.index)
         started = await self._expect(first.child, Started)
@@ -151,15 +142,23 @@ class Supervisor:
         for slot in self._slots[1:]:
             assert slot.child is not None
             await self._expect(slot.child, Started)
-        ready = await self._expect(self._executor, Ready)
-        assert isinstance(ready, Ready)
+        models: dict[str, None] = {}
+        for slot in self._executors:
+            assert slot.child is not None
+            ready = await self._expect(slot.child, Ready)
+            assert isinstance(ready, Ready)
+            models.update(dict.fromkeys(ready.models))
+        if self._metrics_sock is not None and len(self._executors) > 1:
+            self._metrics = MetricsEndpoint(
+                self.settings, None, None, self._metrics_sock, source=self._scrape
+            )
         self._connect_all()
-        self._announce(ready.models)
+        self._announce(sorted(models))
 
-    async def _expect(self, child: _Child, kind: type[Started] | type[Ready]) -> Started | Ready:
+    async def _expect(self, child: Child, kind: type[Started] | type[Ready]) -> Started | Ready:
         """Wait for ``child``'s first message at start-up, which must be ``kind``; news of the
         other children is kept, in order, for later."""
-        deferred: list[tuple[_Child, Message | None]] = []
+        deferred: list[tuple[Child, Message | None]] = []
         try:
             while True:
                 who, message = await self._events.get()
@@ -188,27 +187,31 @@ class Supervisor:
             host, port = self._metrics_sock.getsockname()[:2]
             self.endpoints.append(f"metrics on http://{host}:{port}/metrics")
         # The same line as the one-process server's, which scripts and tests wait for.
+        pids = [str(s.child.process.pid) for s in self._executors if s.child is not None]
         logger.info(
-            "infermux %s ready: %s (models: %s; %d front-end processes, executor pid %d)",
+            "infermux %s ready: %s (models: %s; %d front-end processes, executor %s %s)",
             __version__,
             ", ".join(self.endpoints),
             ", ".join(models) or "none",
             len(self._slots),
-            self._executor.process.pid or 0 if self._executor else 0,
+            "pid" if len(pids) == 1 else "pids",
+            ", ".join(pids),
         )
 
     # -- processes --------------------------------------------------------------------------------
 
-    async def _spawn_executor(self) -> _Child:
+    async def _spawn_executor(self, index: int) -> Child:
         ours, theirs = socket.socketpair()
+        # One executor serves the metrics socket itself; several are asked by the supervisor.
+        metrics = self._metrics_sock if len(self._executors) == 1 else None
         process = self._context.Process(
             target=executor.main,
-            args=(self.settings, theirs, self._metrics_sock),
-            name="infermux-executor",
+            args=(self.settings, index, theirs, metrics),
+            name=f"infermux-executor-{index}",
         )
-        return await self._launch("executor", 0, process, ours, theirs)
+        return await self._launch("executor", index, process, ours, theirs)
 
-    async def _spawn_frontend(self, index: int) -> _Child:
+    async def _spawn_frontend(self, index: int) -> Child:
         ours, theirs = socket.socketpair()
         process = self._context.Process(
             target=frontend.main,
@@ -224,15 +227,16 @@ class Supervisor:
         process: BaseProcess,
         ours: socket.socket,
         theirs: socket.socket,
-    ) -> _Child:
+    ) -> Child:
         process.start()
         theirs.close()
-        child = _Child(role, index, process, await Control.open(ours))
+        only = role == "executor" and len(self._executors) == 1
+        child = Child(role, index, process, await Control.open(ours), only=only)
         self._watch(child)
         logger.debug("started %s (pid %s)", child.name, process.pid)
         return child
 
-    def _watch(self, child: _Child) -> None:
+    def _watch(self, child: Child) -> None:
         async def follow() -> None:
             while (message := await child.control.receive()) is not None:
                 self._events.put_nowait((child, message))
@@ -249,14 +253,18 @@ class Supervisor:
 
     # -- events -----------------------------------------------------------------------------------
 
-    async def _handle(self, child: _Child, message: Message | None) -> None:
+    async def _handle(self, child: Child, message: Message | None) -> None:
         if child.stopping:
             return
         if message is None:
             await self._died(child)
-        elif isinstance(message, Ready) and child is self._executor:
+        elif isinstance(message, Scraped):
+            waiting = self._scrapes.get(message.seq, {}).get(child.index)
+            if waiting is not None and not waiting.done():
+                waiting.set_result(message)
+        elif isinstance(message, Ready) and self._executors[child.index].child is child:
             child.up = True
-            logger.info("executor ready again; reconnecting front ends")
+            logger.info("%s ready again; reconnecting front ends", child.name)
             self._connect_all()
         elif isinstance(message, Started):
             child.up = True
@@ -266,35 +274,44 @@ class Supervisor:
         elif isinstance(message, Failed):
             logger.error("%s cannot start: %s", child.name, message.message)
 
-    async def _died(self, child: _Child) -> None:
+    async def _died(self, child: Child) -> None:
         code = child.process.exitcode
         if child.role == "executor":
-            if child is not self._executor:
+            place = self._executors[child.index]
+            if place.child is not child:
                 return
-            logger.error("executor exited (code %s); front ends answer 503 until it is back", code)
+            logger.error(
+                "%s exited (code %s); its models answer 503 until it is back", child.name, code
+            )
+            why = f"{child.name} exited (code {code}); it is restarting"
             for slot in self._slots:
-                self._retire(slot, f"the executor exited (code {code}); it is restarting")
-            self._executor_backoff = _next_backoff(self._executor_backoff, child)
-            self._executor = None
-            self._background(self._respawn_executor(self._executor_backoff))
+                self._retire(slot, why, executor=child.index)
+            for waiting in (s.get(child.index) for s in self._scrapes.values()):
+                if waiting is not None and not waiting.done():
+                    waiting.cancel()
+            place.backoff = next_backoff(place.backoff, child)
+            place.child = None
+            self._background(self._respawn_executor(place))
             return
         slot = self._slots[child.index]
         if slot.child is not child:
             return
         logger.error("%s exited (code %s); restarting it", child.name, code)
-        if slot.channel is not None and self._executor is not None:
-            self._executor.control.send(Detach(slot.channel.spec.id, f"{child.name} exited"))
+        for index, channel in slot.channels.items():
+            ex = self._executors[index].child
+            if ex is not None:
+                ex.control.send(Detach(channel.spec.id, f"{child.name} exited"))
         self._retire(slot, "")
         slot.child = None
-        slot.backoff = _next_backoff(slot.backoff, child)
+        slot.backoff = next_backoff(slot.backoff, child)
         self._background(self._respawn_frontend(slot))
 
-    async def _respawn_executor(self, delay: float) -> None:
-        await asyncio.sleep(delay)
+    async def _respawn_executor(self, place: Slot) -> None:
+        await asyncio.sleep(place.backoff)
         if not self._stop.is_set():
-            self._executor = await self._spawn_executor()
+            place.child = await self._spawn_executor(place.index)
 
-    async def _respawn_frontend(self, slot: _Slot) -> None:
+    async def _respawn_frontend(self, slot: Slot) -> None:
         await asyncio.sleep(slot.backoff)
         if not self._stop.is_set():
             slot.child = await self._spawn_frontend(slot.index)
@@ -305,28 +322,55 @@ class Supervisor:
         for slot in self._slots:
             self._connect(slot)
 
-    def _connect(self, slot: _Slot) -> None:
-        """Give ``slot``'s front end a fresh channel to the executor, if both are up."""
-        ex, child = self._executor, slot.child
-        if ex is None or not ex.up or child is None or not child.up or slot.channel is not None:
+    def _connect(self, slot: Slot) -> None:
+        """Give ``slot``'s front end a fresh channel to each executor it has none to, where
+        both ends are up."""
+        child = slot.child
+        if child is None or not child.up:
             return
-        channel = Channel(
-            self._directory,
-            ring_bytes=IPC_RING_BYTES,
-            arena_bytes=self.settings.ipc_arena_mb * 2**20,
-        )
-        slot.channel = channel
-        ex.control.send(Attach(channel.spec))
-        child.control.send(Attach(channel.spec))
+        for place in self._executors:
+            ex = place.child
+            if ex is None or not ex.up or place.index in slot.channels:
+                continue
+            channel = Channel(
+                self._directory,
+                ring_bytes=IPC_RING_BYTES,
+                arena_bytes=self.settings.ipc_arena_mb * 2**20,
+            )
+            slot.channels[place.index] = channel
+            ex.control.send(Attach(channel.spec))
+            child.control.send(Attach(channel.spec, place.index))
 
-    def _retire(self, slot: _Slot, reason: str) -> None:
-        """Drop ``slot``'s channel; with a ``reason``, its front end is told (it lives on)."""
-        if slot.channel is None:
-            return
-        if reason and slot.child is not None:
-            slot.child.control.send(Detach(slot.channel.spec.id, reason))
-        slot.channel.close()
-        slot.channel = None
+    def _retire(self, slot: Slot, reason: str, executor: int | None = None) -> None:
+        """Drop ``slot``'s channel to ``executor`` (to every executor when None); with a
+        ``reason``, its front end is told (it lives on)."""
+        for index in [executor] if executor is not None else list(slot.channels):
+            channel = slot.channels.pop(index, None)
+            if channel is None:
+                continue
+            if reason and slot.child is not None:
+                slot.child.control.send(Detach(channel.spec.id, reason))
+            channel.close()
+
+    # -- metrics of several executors -------------------------------------------------------------
+
+    async def _scrape(self) -> bytes:
+        """``/metrics`` with several executors: each sends its families, merged here."""
+        self._scrape_seq += 1
+        seq = self._scrape_seq
+        loop = asyncio.get_running_loop()
+        waiting = {}
+        for place in self._executors:
+            if place.child is not None and place.child.up:
+                waiting[place.index] = loop.create_future()
+                place.child.control.send(Scrape(seq))
+        self._scrapes[seq] = waiting
+        try:
+            done, _ = await asyncio.wait(waiting.values(), timeout=SCRAPE_TIMEOUT)
+        finally:
+            del self._scrapes[seq]
+        parts = [f.result().families for f in done if not f.cancelled()]
+        return prometheus.render(prometheus.merge(parts))
 
     # -- shutdown ---------------------------------------------------------------------------------
 
@@ -335,48 +379,26 @@ class Supervisor:
         then the executor (it drains its queues and unloads)."""
         fronts = [s.child for s in self._slots if s.child is not None]
         await self._stop_children(fronts)
-        if self._executor is not None:
-            await self._stop_children([self._executor])
+        await self._stop_children([s.child for s in self._executors if s.child is not None])
         for slot in self._slots:
             self._retire(slot, "")
         for task in list(self._pending):
             task.cancel()
 
-    async def _stop_children(self, children: list[_Child]) -> None:
+    async def _stop_children(self, children: list[Child]) -> None:
         for child in children:
             child.stopping = True
             child.control.send(Stop())
-        deadline = self.settings.exit_timeout_secs + _KILL_GRACE
+        deadline = self.settings.exit_timeout_secs + KILL_GRACE
         await asyncio.gather(*(self._reap(c, deadline) for c in children))
 
-    async def _reap(self, child: _Child, timeout: float) -> None:
+    async def _reap(self, child: Child, timeout: float) -> None:
         await asyncio.to_thread(child.process.join, timeout)
         if child.process.is_alive():
             logger.warning("%s did not stop in %.0f s; killing it", child.name, timeout)
             child.process.kill()
             await asyncio.to_thread(child.process.join)
         child.control.close()
-
-
-def check_shared_memory(settings: ServerSettings, free: int | None = None) -> None:
-    """Refuse to start when /dev/shm cannot hold every channel. Shared memory is allocated as
-    it is touched, so an undersized /dev/shm (Docker's default is 64 MiB) would not fail here
-    but kill a process with SIGBUS under load; better a clear error now."""
-    needed = settings.frontends * channel_bytes(settings.ipc_arena_mb)
-    free = shared_memory_free() if free is None else free
-    if free is not None and needed > free:
-        raise StartupError(
-            f"--frontends {settings.frontends} with --ipc-arena-mb {settings.ipc_arena_mb} needs "
-            f"{needed / 2**20:,.0f} MiB of shared memory but /dev/shm has {free / 2**20:,.0f} "
-            "MiB free; lower --ipc-arena-mb or --frontends, or enlarge /dev/shm (Docker: "
-            "--shm-size)"
-        )
-
-
-def _next_backoff(current: float, child: _Child) -> float:
-    if time.monotonic() - child.started_at > _STABLE_SECONDS:
-        return 0.0
-    return min(_MAX_BACKOFF, max(0.5, current * 2))
 
 
 __all__ = ["Supervisor"]

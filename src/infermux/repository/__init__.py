@@ -3,14 +3,18 @@
 from infermux.repository.config_file import load_model_config, parse_config_text
 from infermux.repository.layout import ModelSource, discover_models, list_versions
 from infermux.repository.loader import LoadedModel
-from infermux.repository.manager import ControlMode, LoadObserver, ModelRepository
+from infermux.repository.manager import ModelRepository
+from infermux.repository.placement import ONLY, Shard
+from infermux.repository.state import ControlMode, LoadObserver
 
 __all__ = [
+    "ONLY",
     "ControlMode",
     "LoadObserver",
     "LoadedModel",
     "ModelRepository",
     "ModelSource",
+    "Shard",
     "discover_models",
     "list_versions",
     "load_model_config",

@@ -14,6 +14,7 @@ from infermux.backends.base import BackendInstance, ModelContext
 from infermux.backends.outputs import to_output_tensors
 from infermux.backends.registry import BackendRegistry
 from infermux.model_config import ModelConfig
+from infermux.repository.placement import ONLY, Placement, Shard, placements
 from infermux.repository.warmup import warm_up
 from infermux.runtime.memory import describe, instance_memory, total_by_device
 from infermux.scheduling import DynamicBatcher, Scheduler
@@ -47,13 +48,15 @@ async def build_version(
     version: int,
     *,
     histograms: bool = False,
+    shard: Shard = ONLY,
 ) -> LoadedModel:
-    """Create, warm up and schedule every instance of ``version``; raises the load error.
-    ``histograms``: keep the latency histograms the metrics publish."""
+    """Create, warm up and schedule the instances of ``version`` that ``shard`` holds (every
+    instance with one executor); raises the load error. ``histograms``: keep the latency
+    histograms the metrics publish."""
     backend = registry.get(config)
-    placements = _placements(config)
+    mine = placements(config, shard)
     instances = await asyncio.to_thread(
-        _create_instances, backend.load, config, path, version, placements
+        _create_instances, backend.load, config, path, version, mine
     )
     uses = instance_memory(instances)
     if uses:
@@ -62,7 +65,7 @@ async def build_version(
         config.name,
         version,
         memory=lambda: total_by_device(instance_memory(instances)),
-        instances=[name for _, name in placements],
+        instances=[p.name for p in mine],
         histograms=histograms,
     )
     scheduler = DynamicBatcher(
@@ -78,36 +81,23 @@ async def build_version(
     return LoadedModel(config, version, scheduler, stats, device_inputs, instances)
 
 
-def _placements(config: ModelConfig) -> list[tuple[str, str]]:
-    """(device, unique instance name) of every instance the instance groups ask for."""
-    placements = []
-    for group in config.instance_groups:  # never empty: the config fills in the default group
-        devices = [f"cuda:{g}" for g in group.gpus] if group.kind == "KIND_GPU" else ["cpu"]
-        if group.kind == "KIND_GPU" and not group.gpus:
-            devices = ["cuda:0"]
-        for device in devices:
-            for i in range(group.count):
-                placements.append((device, f"{group.name}_{device.replace(':', '')}_{i}"))
-    return placements
-
-
 def _create_instances(
     load: Callable[[ModelContext], BackendInstance],
     config: ModelConfig,
     path: Path,
     version: int,
-    placements: list[tuple[str, str]],
+    mine: list[Placement],
 ) -> list[BackendInstance]:
     instances: list[BackendInstance] = []
     try:
-        for device, instance_name in placements:
+        for placement in mine:
             context = ModelContext(
                 config=config,
                 version=version,
                 model_path=path,
                 version_path=path / str(version),
-                instance_name=instance_name,
-                device=device,
+                instance_name=placement.name,
+                device=placement.device,
             )
             instances.append(load(context))
             warm_up(config, path, instances[-1])  # READY only after every instance warmed up

@@ -9,13 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
 
 from infermux.backends.registry import BackendRegistry
 from infermux.errors import (
@@ -27,8 +24,10 @@ from infermux.errors import (
 )
 from infermux.model_config import ModelConfig
 from infermux.repository.config_file import load_model_config
-from infermux.repository.layout import ModelSource, discover_models, fingerprint, list_versions
+from infermux.repository.layout import discover_models, fingerprint, list_versions
 from infermux.repository.loader import LoadedModel, build_version
+from infermux.repository.placement import ONLY, Shard, placements
+from infermux.repository.state import ControlMode, Entry, LoadObserver, Quiet, State
 from infermux.traffic_policy import CONFIG_PARAMETER as TRAFFIC_PARAMETER
 from infermux.traffic_policy import parse_policy
 from infermux.types import RepositoryIndexEntry
@@ -36,53 +35,6 @@ from infermux.types import RepositoryIndexEntry
 logger = logging.getLogger(__name__)
 
 LOAD_CONCURRENCY = 4  # Triton's --model-load-thread-count default
-
-
-class ControlMode(str, enum.Enum):
-    """``--model-control-mode``, with Triton's meaning."""
-
-    NONE = "none"
-    POLL = "poll"
-    EXPLICIT = "explicit"
-
-
-class State(str, enum.Enum):
-    """A model version's state as the repository index reports it."""
-
-    LOADING = "LOADING"
-    READY = "READY"
-    UNLOADING = "UNLOADING"
-    UNAVAILABLE = "UNAVAILABLE"
-
-
-@dataclass(slots=True)
-class _Entry:
-    """Everything known about one model name."""
-
-    source: ModelSource | None
-    serving: dict[int, LoadedModel] = field(default_factory=dict)
-    states: dict[int, tuple[State, str]] = field(default_factory=dict)
-    model_error: str = ""  # set when the model failed before any version could be tried
-    requested: bool = False  # should be loaded; drives strict readiness
-    load_failures: int = 0  # loads that failed (the model or any of its versions), for metrics
-    fingerprint: tuple[tuple[str, int, int], ...] = ()
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-
-
-class LoadObserver(Protocol):
-    """Told when each model version starts and ends loading (for progress displays)."""
-
-    def started(self, name: str, version: int) -> None: ...
-
-    def finished(self, name: str, version: int, seconds: float, error: str | None) -> None: ...
-
-
-class _Quiet:
-    def started(self, name: str, version: int) -> None:
-        pass
-
-    def finished(self, name: str, version: int, seconds: float, error: str | None) -> None:
-        pass
 
 
 class ModelRepository:
@@ -98,15 +50,17 @@ class ModelRepository:
         poll_seconds: float = 15.0,
         observer: LoadObserver | None = None,
         histograms: bool = False,
+        shard: Shard = ONLY,
     ) -> None:
-        self._observer: LoadObserver = observer or _Quiet()
+        self._shard = shard  # with several executors: which instances this one holds
+        self._observer: LoadObserver = observer or Quiet()
         self._histograms = histograms  # metrics on: each version keeps latency histograms
         self._repositories = list(repositories)
         self._registry = registry
         self._mode = control_mode
         self._startup_models = list(startup_models)
         self._poll_seconds = poll_seconds
-        self._entries: dict[str, _Entry] = {}
+        self._entries: dict[str, Entry] = {}
         self._limit = asyncio.Semaphore(LOAD_CONCURRENCY)
         self._poller: asyncio.Task[None] | None = None
 
@@ -119,13 +73,13 @@ class ModelRepository:
     async def start(self) -> None:
         """Discover the repositories and load what the control mode says to load at startup."""
         sources = discover_models(self._repositories)
-        self._entries = {name: _Entry(source) for name, source in sources.items()}
+        self._entries = {name: Entry(source) for name, source in sources.items()}
         if self._mode is ControlMode.EXPLICIT:
             wanted = list(sources) if "*" in self._startup_models else self._startup_models
             missing = [name for name in wanted if name not in sources]
             for name in missing:
                 logger.error("--load-model %s: no such model in the repositories", name)
-                self._entries[name] = _Entry(None, model_error="not found in any repository")
+                self._entries[name] = Entry(None, model_error="not found in any repository")
                 self._entries[name].requested = True
         else:
             wanted = list(sources)
@@ -152,6 +106,8 @@ class ModelRepository:
         entry = self._entries.get(name)
         if entry is None:
             raise NotFoundError(f"Request for unknown model: '{name}' is not found")
+        if not entry.hosted:  # a front end's stale view: it retries on a hosting executor
+            raise NotFoundError(f"model '{name}' is not hosted by executor {self._shard.index}")
         if version:
             if not version.isdigit():
                 raise NotFoundError(
@@ -205,7 +161,7 @@ class ModelRepository:
         a served one (a reload, a swap) or failing to (the old one keeps serving; the index and
         metrics say why) leaves it ready, so load balancers keep a server that swaps versions."""
         for entry in self._entries.values():
-            if not entry.requested:
+            if not entry.requested or not entry.hosted:
                 continue
             if not entry.serving:
                 return False
@@ -255,7 +211,7 @@ class ModelRepository:
             sources = discover_models(self._repositories)
             if name not in sources:
                 raise NotFoundError(f"failed to load '{name}': no such model in the repositories")
-            entry = self._entries[name] = _Entry(sources[name])
+            entry = self._entries[name] = Entry(sources[name])
         entry.requested = True
         async with entry.lock, self._limit:
             await self._load_locked(entry, name, config_override)
@@ -300,7 +256,7 @@ class ModelRepository:
             except Exception:
                 logger.exception("polling the model repository failed")
 
-    async def _load_locked(self, entry: _Entry, name: str, config_override: str | None) -> None:
+    async def _load_locked(self, entry: Entry, name: str, config_override: str | None) -> None:
         assert entry.source is not None
         path = entry.source.path
         entry.fingerprint = await asyncio.to_thread(fingerprint, path)
@@ -320,6 +276,12 @@ class ModelRepository:
             if not entry.serving:
                 entry.model_error = str(exc)
             raise
+        entry.hosted = bool(placements(config, self._shard))
+        if not entry.hosted:  # every instance belongs to another executor
+            logger.info("model '%s': hosted by other executors", name)
+            dropped, entry.serving, entry.states, entry.model_error = entry.serving, {}, {}, ""
+            await self._retire(list(dropped.values()))
+            return
 
         for version in versions:
             if version not in entry.serving:
@@ -369,7 +331,12 @@ class ModelRepository:
     ) -> LoadedModel | str:
         try:
             return await build_version(
-                self._registry, config, path, version, histograms=self._histograms
+                self._registry,
+                config,
+                path,
+                version,
+                histograms=self._histograms,
+                shard=self._shard,
             )
         except InfermuxError as exc:
             return str(exc)

@@ -17,7 +17,7 @@ import pytest
 from infermux.backends import BackendRegistry
 from infermux.dataplane import DataPlane
 from infermux.dataplane.channel_server import ChannelServer
-from infermux.dataplane.remote import RemoteDataPlane
+from infermux.dataplane.executors import RemoteDataPlane
 from infermux.dataplane.shared_memory import SharedMemoryRegistry
 from infermux.errors import ErrorCode, InfermuxError
 from infermux.ipc import Channel
@@ -112,8 +112,9 @@ async def test_many_concurrent_requests_all_answered_and_arena_reclaimed(pair: P
     # 1 MiB arenas and 64 KiB rings: 400 requests in flight wrap both several times.
     await asyncio.gather(*(one(i) for i in range(400)))
     await asyncio.sleep(0.01)  # the last Release frame is sent on the next iteration
-    assert pair.remote._link is not None
-    assert pair.remote._link.endpoint.arena.used == 0
+    link = pair.remote._executors[0]._link  # the one executor's channel
+    assert link is not None
+    assert link.endpoint.arena.used == 0
 
 
 async def test_errors_keep_their_code(pair: Pair) -> None:

@@ -226,3 +226,40 @@ def test_every_declared_family_has_a_unique_name_and_known_type() -> None:
         assert family.kind in ("counter", "gauge", "histogram")
         assert family.name.startswith(("nv_", "infermux_"))
     assert "infermux_request_duration_seconds_bucket" in metrics.names()
+
+
+def test_several_executors_merge_into_one_exposition() -> None:
+    """``--executors N``: a model version hosted by two executors shows one series per label
+    set, counters and histogram buckets summed, load time maximised; families only one
+    executor has pass through."""
+    labels = {"model": "m", "version": "1"}
+    bucket = "infermux_request_duration_seconds"
+
+    def part(success: int, load: float, le_1: int, gpu: bool) -> list[metrics.FamilyData]:
+        families: list[metrics.FamilyData] = [
+            ("nv_inference_request_success", "ok", "counter",
+             [("nv_inference_request_success", labels, success)]),
+            ("nv_model_load_duration_secs", "load", "gauge",
+             [("nv_model_load_duration_secs", labels, load)]),
+            (bucket, "latency", "histogram",
+             [(f"{bucket}_bucket", {**labels, "le": "1.0"}, le_1),
+              (f"{bucket}_bucket", {**labels, "le": "+Inf"}, le_1 + 1),
+              (f"{bucket}_count", labels, le_1 + 1), (f"{bucket}_sum", labels, 0.5)]),
+        ]  # fmt: skip
+        if gpu:
+            families.append(("nv_gpu_utilization", "util", "gauge",
+                             [("nv_gpu_utilization", {"gpu_uuid": "GPU-1"}, 0.5)]))  # fmt: skip
+        return families
+
+    text = metrics.render(metrics.merge([part(3, 2.0, 4, True), part(5, 7.5, 1, False)]))
+    parsed = {f.name: f for f in text_string_to_metric_families(text.decode())}
+    value = {(s.name, tuple(sorted(s.labels.items()))): s.value
+             for f in parsed.values() for s in f.samples}  # fmt: skip
+    key = tuple(sorted(labels.items()))
+    assert value[("nv_inference_request_success_total", key)] == 8  # the parser adds _total
+    assert value[("nv_model_load_duration_secs", key)] == 7.5
+    assert value[(f"{bucket}_bucket", tuple(sorted({**labels, "le": "1.0"}.items())))] == 5
+    assert value[(f"{bucket}_count", key)] == 7
+    assert value[(f"{bucket}_sum", key)] == 1.0
+    assert value[("nv_gpu_utilization", (("gpu_uuid", "GPU-1"),))] == 0.5
+    assert b"# TYPE nv_inference_request_success counter" in text

@@ -7,7 +7,7 @@ import pytest
 
 from infermux.errors import StartupError
 from infermux.ipc.ring import ORDERED_STORES
-from infermux.processes.supervisor import check_shared_memory
+from infermux.processes.common import check_shared_memory
 from infermux.settings import ServerSettings
 
 

@@ -1,0 +1,379 @@
+"""The data plane of a front-end process: the executor processes behind it, seen as one.
+
+With one executor (the default) every operation goes straight to it. With several
+(``--executors N``, one per GPU or group of GPUs, ``repository/placement.py``), each holds the
+instances of its own devices, so a model may be hosted by one executor or by several:
+
+- **inference** goes to an executor that hosts the model, the one with the fewest requests
+  in flight from this front end; which executors host what is read from their repository
+  indexes when first needed and again whenever it may have changed (an attach or detach, a
+  load or unload through this front end, a model it has not heard of, an executor answering
+  that it no longer hosts the model, which is then retried once elsewhere: that executor ran
+  nothing);
+- **statistics** and the **repository index** are merged over every executor (counts and
+  durations summed per model version, the most-ready state of each version);
+- **load / unload**, **traffic policy** changes and **shared-memory registration** go to every
+  executor (each one decides what it hosts; each maps the client's regions itself);
+- **readiness** needs every executor attached and ready.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from typing import TypeVar
+
+from infermux.errors import ErrorCode, FailureReason, InfermuxError, UnavailableError
+from infermux.ipc import ChannelSpec
+from infermux.model_config import ModelConfig
+from infermux.routing import TrafficReport
+from infermux.types import (
+    BatchStats,
+    CudaSharedMemoryRegion,
+    Duration,
+    InferRequest,
+    InferResponse,
+    MemoryUsage,
+    ModelMetadata,
+    ModelStats,
+    RepositoryIndexEntry,
+    ServerMetadata,
+    SharedMemoryRegion,
+)
+
+from .remote import RemoteExecutor
+
+T = TypeVar("T")
+
+REJECTED, BACKEND = FailureReason.REJECTED, FailureReason.BACKEND
+_RETRIED = (ErrorCode.NOT_FOUND, ErrorCode.UNAVAILABLE)
+_STALE_S = 1.0
+"""How old the host map may be before a model missing from it makes it be asked for again."""
+
+# Which of two rows for one model version the merged index shows: the most-ready one.
+_STATE_RANK = {"READY": 4, "LOADING": 3, "UNLOADING": 2, "UNAVAILABLE": 1, "": 0}
+
+
+class RemoteDataPlane:
+    """Implements :class:`~.operations.Operations` over ``executors`` executor processes."""
+
+    def __init__(self, metadata: ServerMetadata, executors: int = 1) -> None:
+        self._metadata = metadata
+        self._executors = [RemoteExecutor(metadata) for _ in range(executors)]
+        self._hosts: dict[str, list[RemoteExecutor]] = {}
+        self._stale = True
+        self._learning: asyncio.Future[dict[str, list[RemoteExecutor]]] | None = None
+        self._learned_at = 0.0
+        self._turn = 0
+        self._busy: dict[RemoteExecutor, int] = {}
+        self._shutting_down = False
+
+    # -- channels ---------------------------------------------------------------------------------
+
+    @property
+    def attached(self) -> bool:
+        return all(e.attached for e in self._executors)
+
+    def attach(self, spec: ChannelSpec, executor: int = 0) -> None:
+        """Forward to executor ``executor`` over the channel ``spec`` (replacing its previous)."""
+        self._executors[executor].attach(spec)
+        self._forget_hosts()
+        if len(self._executors) > 1:
+            # Learn who hosts what now, not at the first request: should an executor die
+            # before any request came, its models are still known to be its (503, not 404).
+            with contextlib.suppress(RuntimeError):  # no running loop (tests attach outside one)
+                asyncio.get_running_loop().call_soon(self._learn_soon)
+
+    def detach(self, why: str, channel: str = "") -> None:
+        """Stop using the executor on ``channel`` (every executor when ""): its requests in
+        flight fail UNAVAILABLE with ``why``, other executors serve on."""
+        for executor in self._executors:
+            if not channel or executor.channel == channel:
+                executor.detach(why)
+        self._forget_hosts()
+
+    def begin_shutdown(self) -> None:
+        self._shutting_down = True
+        for executor in self._executors:
+            executor.begin_shutdown()
+
+    # -- who hosts what ---------------------------------------------------------------------------
+
+    def _learn_soon(self) -> None:
+        task = asyncio.ensure_future(self._hosts_of(""))
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())  # errors: next time
+
+    def _forget_hosts(self) -> None:
+        self._stale = True
+        self._learning = None
+
+    async def _learn_hosts(self) -> dict[str, list[RemoteExecutor]]:
+        """Who serves what, from the attached executors' indexes. A detached executor keeps
+        the models it had: requests for a model only it serves then get its 503 (it is
+        restarting), not another executor's "unknown model"."""
+        previous = self._hosts
+        attached = [e for e in self._executors if e.attached]
+        indexes = await asyncio.gather(
+            *(e.repository_index(ready_only=True) for e in attached), return_exceptions=True
+        )
+        served = dict(zip(attached, indexes, strict=True))
+        hosts: dict[str, list[RemoteExecutor]] = {}
+        for executor in self._executors:
+            index = served.get(executor)
+            if index is None or isinstance(index, BaseException):
+                names = [n for n, held in previous.items() if executor in held]
+            else:
+                names = list(dict.fromkeys(row.name for row in index))
+            for name in names:
+                hosts.setdefault(name, []).append(executor)
+        return hosts
+
+    async def _hosts_of(self, name: str, *, refresh: bool = False) -> list[RemoteExecutor]:
+        """Executors serving ``name``. The map is asked for again when forced, when it was
+        forgotten, or when ``name`` is not in it and it is older than :data:`_STALE_S` (a model
+        that appeared in poll mode); requests that miss together share one asking."""
+        now = time.monotonic()
+        old = now - self._learned_at > _STALE_S
+        must = self._stale or refresh or (name not in self._hosts and old)
+        if must and (self._learning is None or self._learning.done()):
+            self._learning = asyncio.ensure_future(self._learn_hosts())
+            self._learned_at = now
+            self._stale = False
+        learning = self._learning
+        if learning is not None and (must or not learning.done()):  # wait for the news
+            hosts = await learning
+            if self._learning is learning:  # not forgotten meanwhile
+                self._hosts = hosts
+        return self._hosts.get(name, [])
+
+    def _fallback(self) -> RemoteExecutor:
+        """Where a request for a model nobody serves goes, for that executor's own error
+        (unknown model, still loading, not ready: the same answer as with one executor)."""
+        return next((e for e in self._executors if e.attached), self._executors[0])
+
+    async def _host(self, name: str) -> RemoteExecutor:
+        hosts = await self._hosts_of(name)
+        return hosts[0] if hosts else self._fallback()
+
+    # -- inference --------------------------------------------------------------------------------
+
+    async def infer(self, request: InferRequest) -> InferResponse:
+        if len(self._executors) == 1:
+            return await self._executors[0].infer(request)
+        hosts = await self._hosts_of(request.model_name)
+        chosen = self._least_busy(hosts) or self._fallback()
+        try:
+            return await self._send(chosen, request)
+        except InfermuxError as exc:
+            # Retried once elsewhere: an executor that went away, or one that does not serve
+            # the model now (unloaded behind this front end's back, reloading): nothing ran.
+            # Never a refusal (queue full, timed out: that is the answer, and retrying would
+            # add load where there is too much), nor what the model or the request caused.
+            if exc.code not in _RETRIED or exc.reason in (REJECTED, BACKEND):
+                raise
+            retry = exc
+        hosts = await self._hosts_of(request.model_name, refresh=True)
+        other = self._least_busy([e for e in hosts if e is not chosen and e.attached])
+        if other is not None:
+            return await self._send(other, request)
+        down = [e for e in self._executors if not e.attached]
+        if retry.code is ErrorCode.NOT_FOUND and down:
+            # Nobody here knows the model, but an executor that may host it is restarting.
+            raise UnavailableError(
+                f"model '{request.model_name}' is not served now: {down[0].why_detached}"
+            ) from retry
+        raise retry
+
+    def _least_busy(self, hosts: list[RemoteExecutor]) -> RemoteExecutor | None:
+        """The attached host with the fewest of this front end's requests in flight, ties
+        taken in turn (a detached one only when no host is attached: its answer is the 503
+        saying why)."""
+        live = [e for e in hosts if e.attached] or hosts
+        if not live:
+            return None
+        self._turn += 1
+        start = self._turn % len(live)
+        return min(live[start:] + live[:start], key=lambda e: self._busy.get(e, 0))
+
+    async def _send(self, executor: RemoteExecutor, request: InferRequest) -> InferResponse:
+        # Counted from the choice on (the executor's own count starts only once the tensors
+        # are in its arena, too late for requests choosing at the same moment).
+        self._busy[executor] = self._busy.get(executor, 0) + 1
+        try:
+            return await executor.infer(request)
+        finally:
+            self._busy[executor] -= 1
+
+    # -- merged reads -----------------------------------------------------------------------------
+
+    def live(self) -> bool:
+        return True
+
+    def server_metadata(self) -> ServerMetadata:
+        return self._metadata
+
+    async def ready(self) -> bool:
+        if self._shutting_down or not self.attached:
+            return False
+        return all(await asyncio.gather(*(e.ready() for e in self._executors)))
+
+    async def model_ready(self, name: str, version: str = "") -> bool:
+        if len(self._executors) == 1:
+            return await self._executors[0].model_ready(name, version)
+        hosts = await self._hosts_of(name)
+        return any(await asyncio.gather(*(e.model_ready(name, version) for e in hosts)))
+
+    async def model_metadata(self, name: str, version: str = "") -> ModelMetadata:
+        return await (await self._host(name)).model_metadata(name, version)
+
+    async def model_config(self, name: str, version: str = "") -> ModelConfig:
+        return await (await self._host(name)).model_config(name, version)
+
+    async def model_statistics(self, name: str = "", version: str = "") -> list[ModelStats]:
+        if len(self._executors) == 1:
+            return await self._executors[0].model_statistics(name, version)
+        executors = (await self._hosts_of(name) if name else self._attached()) or [self._fallback()]
+        results = await asyncio.gather(
+            *(e.model_statistics(name, version) for e in executors), return_exceptions=True
+        )
+        parts = [r for r in results if not isinstance(r, BaseException)]
+        if not parts:  # none has it: the first one's error (unknown model or version, ...)
+            raise next(r for r in results if isinstance(r, BaseException))
+        # A version only some hosts serve (a swap under way) is reported by those that do.
+        return merge_statistics(parts)
+
+    async def repository_index(self, *, ready_only: bool = False) -> list[RepositoryIndexEntry]:
+        if len(self._executors) == 1:
+            return await self._executors[0].repository_index(ready_only=ready_only)
+        parts = await _gather(self._attached(), lambda e: e.repository_index(ready_only=ready_only))
+        return merge_index(parts)
+
+    async def traffic(self, name: str) -> TrafficReport:
+        return await (await self._host(name)).traffic(name)
+
+    async def shm_status(self, name: str = "") -> list[SharedMemoryRegion]:
+        return await self._fallback().shm_status(name)
+
+    async def cuda_shm_status(self, name: str = "") -> list[CudaSharedMemoryRegion]:
+        return await self._fallback().cuda_shm_status(name)
+
+    # -- changes, on every executor ---------------------------------------------------------------
+
+    def _attached(self) -> list[RemoteExecutor]:
+        return [e for e in self._executors if e.attached] or [self._executors[0]]
+
+    async def _everywhere(self, call: Callable[[RemoteExecutor], Awaitable[None]]) -> None:
+        await _gather(self._attached(), call)
+
+    async def load_model(self, name: str, *, config_override: str | None = None) -> None:
+        try:
+            await self._everywhere(lambda e: e.load_model(name, config_override=config_override))
+        finally:
+            self._forget_hosts()
+
+    async def unload_model(self, name: str) -> None:
+        try:
+            await self._everywhere(lambda e: e.unload_model(name))
+        finally:
+            self._forget_hosts()
+
+    async def _on_hosts(self, name: str, call: Callable[[RemoteExecutor], Awaitable[None]]) -> None:
+        await _gather(await self._hosts_of(name) or [self._fallback()], call)
+
+    async def set_traffic(self, name: str, policy: str | None) -> None:
+        await self._on_hosts(name, lambda e: e.set_traffic(name, policy))
+
+    async def promote(self, name: str, version: int) -> None:
+        await self._on_hosts(name, lambda e: e.promote(name, version))
+
+    async def rollback(self, name: str) -> None:
+        await self._on_hosts(name, lambda e: e.rollback(name))
+
+    async def shm_register(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        await self._everywhere(lambda e: e.shm_register(name, key, offset, byte_size))
+
+    async def shm_unregister(self, name: str = "") -> None:
+        await self._everywhere(lambda e: e.shm_unregister(name))
+
+    async def cuda_shm_register(
+        self, name: str, raw_handle: bytes, device_id: int, byte_size: int
+    ) -> None:
+        await self._everywhere(
+            lambda e: e.cuda_shm_register(name, raw_handle, device_id, byte_size)
+        )
+
+    async def cuda_shm_unregister(self, name: str = "") -> None:
+        await self._everywhere(lambda e: e.cuda_shm_unregister(name))
+
+
+async def _gather(
+    executors: Iterable[RemoteExecutor], call: Callable[[RemoteExecutor], Awaitable[T]]
+) -> list[T]:
+    """``call`` on each executor at once; every one finishes before the first error is raised
+    (so that a partial change is never still running when the client hears of the failure)."""
+    results = await asyncio.gather(*(call(e) for e in executors), return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    return results  # type: ignore[return-value]  # no exception left in it
+
+
+def merge_statistics(parts: Iterable[list[ModelStats]]) -> list[ModelStats]:
+    """One :class:`ModelStats` per model version over every executor's: counts and durations
+    summed, per batch size too; the latest ``last_inference``; memory summed per device."""
+    merged: dict[tuple[str, str], list[ModelStats]] = {}
+    for part in parts:
+        for stats in part:
+            merged.setdefault((stats.name, stats.version), []).append(stats)
+    return [_merge_one(group) for _, group in sorted(merged.items())]
+
+
+def _merge_one(group: list[ModelStats]) -> ModelStats:
+    if len(group) == 1:
+        return group[0]
+    inference: dict[str, Duration] = {}
+    batches: dict[int, tuple[Duration, Duration, Duration]] = {}
+    memory: dict[tuple[str, int], int] = {}
+    for stats in group:
+        for key, duration in stats.inference_stats.items():
+            inference.setdefault(key, Duration()).add(duration.ns, duration.count)
+        for batch in stats.batch_stats:
+            sums = batches.setdefault(batch.batch_size, (Duration(), Duration(), Duration()))
+            for total, part in zip(
+                sums, (batch.compute_input, batch.compute_infer, batch.compute_output), strict=True
+            ):
+                total.add(part.ns, part.count)
+        for use in stats.memory_usage:
+            memory[(use.type, use.id)] = memory.get((use.type, use.id), 0) + use.byte_size
+    first = group[0]
+    return ModelStats(
+        first.name,
+        first.version,
+        max(s.last_inference for s in group),
+        sum(s.inference_count for s in group),
+        sum(s.execution_count for s in group),
+        inference,
+        tuple(BatchStats(size, *sums) for size, sums in sorted(batches.items())),
+        tuple(MemoryUsage(kind, device, size) for (kind, device), size in sorted(memory.items())),
+    )
+
+
+def merge_index(parts: Iterable[list[RepositoryIndexEntry]]) -> list[RepositoryIndexEntry]:
+    """The repository index over every executor: per model version the most-ready row (an
+    executor that does not host a model lists it without a version, or not at all)."""
+    best: dict[tuple[str, str], RepositoryIndexEntry] = {}
+    for part in parts:
+        for row in part:
+            key = (row.name, row.version)
+            held = best.get(key)
+            if held is None or _STATE_RANK.get(row.state, 0) > _STATE_RANK.get(held.state, 0):
+                best[key] = row
+    versioned = {name for name, version in best if version}
+    # A model some executor lists with versions needs no version-less row from the others.
+    rows = sorted(best.items())
+    return [row for (name, version), row in rows if version or name not in versioned]
+
+
+__all__ = ["RemoteDataPlane", "merge_index", "merge_statistics"]

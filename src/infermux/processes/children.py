@@ -1,0 +1,53 @@
+"""The supervisor's bookkeeping of the processes it runs: who they are, where they sit, how long
+to wait before restarting one that died."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from multiprocessing.process import BaseProcess
+from typing import Literal
+
+from infermux.ipc import Channel
+
+from .control import Control
+
+MAX_BACKOFF = 10.0
+STABLE_SECONDS = 10.0  # a process up this long resets its restart delay
+KILL_GRACE = 5.0
+SCRAPE_TIMEOUT = 5.0  # an executor that does not answer a scrape in time is left out of it
+
+
+@dataclass(eq=False)
+class Child:
+    role: Literal["executor", "frontend"]
+    index: int
+    process: BaseProcess
+    control: Control
+    started_at: float = field(default_factory=time.monotonic)
+    up: bool = False  # Started (front end) / Ready (executor) received
+    only: bool = False  # the one process of its role (names it without an index)
+    stopping: bool = False
+
+    @property
+    def name(self) -> str:
+        if self.role == "executor" and self.only:
+            return "executor"
+        return f"{self.role}-{self.index}"
+
+
+@dataclass(eq=False)
+class Slot:
+    """A process position: the process now filling it, its restart delay, and (front ends)
+    its channel to each executor, by executor index."""
+
+    index: int
+    child: Child | None = None
+    channels: dict[int, Channel] = field(default_factory=dict)
+    backoff: float = 0.0
+
+
+def next_backoff(current: float, child: Child) -> float:
+    if time.monotonic() - child.started_at > STABLE_SECONDS:
+        return 0.0
+    return min(MAX_BACKOFF, max(0.5, current * 2))
