@@ -9,9 +9,9 @@
 WHAT=${1:-both}
 nvidia-smi --query-gpu=index,name,memory.total --format=csv >"$R/device.txt" 2>&1
 if [ "$WHAT" != bench ]; then
-  timeout 300 python3 -m pytest -m gpu tests/gpu -q -p no:cacheprovider >"$R/gpu-tests-x2.log" 2>&1
-  timeout 240 python3 -m pytest -q -p no:cacheprovider tests/e2e/test_executors.py \
-    tests/unit/dataplane/test_executors.py tests/e2e/test_frontends.py >"$R/executors-tests-x2.log" 2>&1
+  timeout 330 python3 -m pytest -m gpu tests/gpu -q -p no:cacheprovider -rs >"$R/gpu-tests-x2.log" 2>&1
+  timeout 150 python3 -m pytest -q -p no:cacheprovider -rs tests/e2e/test_executors.py \
+    tests/unit/dataplane/test_executors.py >"$R/executors-tests-x2.log" 2>&1
 fi
 if [ "$WHAT" != tests ]; then
   B="python3 benchmarks/gpu/run.py --models resnet50 --servers infermux --protocols ${PROTOCOLS:-grpc_shm,http}
