@@ -50,11 +50,14 @@ def perf_analyzer(
     pa: str, model: str, url: str, protocol: str, concurrency: int, *, work: Path
 ) -> dict[str, float]:
     out = work / f"pa-{protocol}-{concurrency}.csv"
-    subprocess.run(
+    done = subprocess.run(
         [pa, "-m", model, "-i", protocol, "-u", url, "--concurrency-range", str(concurrency),
          "-p", "2000", "--max-trials", "10", "-f", str(out)],
-        check=False, capture_output=True, timeout=300,
+        check=False, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
+    if not out.exists():
+        raise RuntimeError(f"perf_analyzer wrote no CSV (exit {done.returncode}): "
+                           f"{(done.stdout + done.stderr)[-1500:]}")  # fmt: skip
     with out.open() as f:
         row = next(csv.DictReader(f))
     return {

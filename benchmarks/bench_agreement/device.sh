@@ -9,6 +9,6 @@ MODELS=${MODELS:-simple}
 for model in ${MODELS//,/ }; do
   timeout "${SECONDS_EACH:-560}" python3 benchmarks/bench_agreement/agreement.py --rounds "${ROUNDS:-2}" \
     --concurrency "${CONCURRENCY:-1,4,16}" --server-args "${SERVER_ARGS:---frontends 4}" \
-    --model "$model" --out "$R/agreement" >"$R/agreement-$model.log" 2>&1
+    --model "$model" --protocols "${PROTOCOLS:-http,grpc}" --out "$R/agreement" >"$R/agreement-$model.log" 2>&1
 done
 tar czf "${OUT:-/tmp/out}/res.tgz" -C "$R" .
