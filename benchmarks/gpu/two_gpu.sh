@@ -15,8 +15,8 @@ if [ "$WHAT" != bench ]; then
 fi
 if [ "$WHAT" != tests ]; then
   B="python3 benchmarks/gpu/run.py --models resnet50 --servers infermux --protocols ${PROTOCOLS:-grpc_shm,http}
-     --concurrency ${CONCURRENCY:-256,512} --window 4 --queue-delay-us 0 --raw-seconds 1 --deadline 150
-     --instances ${INSTANCES:-4} --frontends ${FRONTENDS:-8}"
+     --concurrency ${CONCURRENCY:-512,1024} --window 4 --queue-delay-us 0 --raw-seconds 1 --deadline 150
+     --instances ${INSTANCES:-4} --frontends ${FRONTENDS:-12}"
   timeout 170 $B --out "$R/one" --gpus 0 --executors 1 >"$R/one.log" 2>&1
   timeout 170 $B --out "$R/two" --gpus 0,1 --executors 2 >"$R/two.log" 2>&1
 fi
