@@ -1,5 +1,7 @@
 """Instances placed on two GPUs (`count: 2, kind: KIND_GPU, gpus: [ 0, 1 ]`): the weights
-load once per GPU, each instance runs on its own GPU's streams, answers agree."""
+load once per GPU, each instance runs on its own GPU's streams, answers agree. A GPU group
+without `gpus` gets an instance on each GPU, and `--executors 2` drives each GPU from its own
+executor process."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import tritonclient.http as httpclient
 
 from infermux.backends.pytorch import PyTorchBackend, PyTorchInstance
 from infermux.repository import load_model_config
@@ -15,7 +18,8 @@ from infermux.repository.loader import _create_instances
 from infermux.repository.placement import placements
 from infermux.runtime import WEIGHTS, total_by_device
 from infermux.runtime.memory import instance_memory
-from tests.gpu.torch_models import Wide, close, load, rows, run, write
+from tests.gpu.torch_models import WIDTH, Wide, close, load, rows, run, write
+from tests.support import start_server
 
 pytestmark = [
     pytest.mark.gpu,
@@ -70,3 +74,33 @@ def test_two_instances_on_each_of_two_gpus(tmp_path: Path) -> None:
         assert all(i.gpu is not None and i.gpu.replays == 3 for i in instances)
     finally:
         close([*instances, cpu])
+
+
+def test_a_gpu_group_without_gpus_gets_an_instance_on_each_gpu(tmp_path: Path) -> None:
+    config = load_model_config(write(tmp_path, Wide()))  # KIND_GPU, count 1, no gpus
+    devices = [p.device for p in placements(config)]
+    assert devices == [f"cuda:{g}" for g in range(torch.cuda.device_count())]
+
+
+def test_two_executors_each_drive_their_own_gpu(tmp_path: Path) -> None:
+    model_dir = write(tmp_path, Wide())
+    (cpu,) = load(model_dir, "cpu", 1)
+    server = start_server("--model-repository", str(tmp_path), "--executors", "2",
+                          "--frontends", "1", "--ipc-arena-mb", "16")  # fmt: skip
+    try:
+        with server, httpclient.InferenceServerClient(server.url, concurrency=4) as client:
+            x = rows(2, 3)
+            tensor = httpclient.InferInput("INPUT__0", [2, WIDTH], "FP32")
+            tensor.set_data_from_numpy(x)
+            pending = [client.async_infer("m", [tensor]) for _ in range(32)]
+            for handle in pending:
+                out = handle.get_result().as_numpy("OUTPUT__0")
+                np.testing.assert_allclose(out, run(cpu, x), rtol=1e-3, atol=1e-4)
+            (stats,) = client.get_inference_statistics("m")["model_stats"]
+            assert int(stats["inference_count"]) == 64
+            on = {(m["type"], int(m["id"])) for m in stats["memory_usage"]}
+            assert {("GPU", 0), ("GPU", 1)} <= on  # one executor per GPU, each with its copy
+            assert any("executor pids" in line for line in server.log)
+            assert server.stop() == 0
+    finally:
+        close([cpu])
