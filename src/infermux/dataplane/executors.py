@@ -154,8 +154,9 @@ class RemoteDataPlane:
         return next((e for e in self._executors if e.attached), self._executors[0])
 
     async def _host(self, name: str) -> RemoteExecutor:
+        """One executor serving ``name``, an attached one if any is."""
         hosts = await self._hosts_of(name)
-        return hosts[0] if hosts else self._fallback()
+        return next((e for e in hosts if e.attached), hosts[0]) if hosts else self._fallback()
 
     # -- inference --------------------------------------------------------------------------------
 
@@ -217,7 +218,10 @@ class RemoteDataPlane:
     async def ready(self) -> bool:
         if self._shutting_down or not self.attached:
             return False
-        return all(await asyncio.gather(*(e.ready() for e in self._executors)))
+        answers = await asyncio.gather(
+            *(e.ready() for e in self._executors), return_exceptions=True
+        )
+        return all(answer is True for answer in answers)  # one that went away meanwhile: no
 
     async def model_ready(self, name: str, version: str = "") -> bool:
         if len(self._executors) == 1:
