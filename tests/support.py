@@ -101,7 +101,7 @@ def write_datatype_repository(repo: Path) -> None:
         write_model(repo, identity_name(datatype), datatype=datatype)
 
 
-_READY = re.compile(r"ready: HTTP on http://([^:]+):(\d+)")
+_READY = re.compile(r"ready: HTTP on https?://([^:]+):(\d+)")
 _GRPC = re.compile(r"gRPC on ([0-9.]+):(\d+)")
 _METRICS = re.compile(r"metrics on http://([0-9.]+):(\d+)/metrics")
 

@@ -168,6 +168,15 @@ def _add_serve_arguments(serve: argparse.ArgumentParser) -> argparse.ArgumentPar
     serve.add_argument(
         "--grpc-uds", type=Path, metavar="PATH", help="also serve gRPC on this unix socket"
     )
+    serve.add_argument(
+        "--tls-cert",
+        type=Path,
+        metavar="PEM",
+        help="serve HTTPS and gRPC over TLS with this certificate (chain); needs --tls-key",
+    )
+    serve.add_argument(
+        "--tls-key", type=Path, metavar="PEM", help="the unencrypted private key of --tls-cert"
+    )
     _add_bool(serve, "--allow-http", True, "serve the HTTP front end")
     _add_bool(serve, "--allow-grpc", True, "serve the gRPC front end")
     serve.add_argument(
@@ -294,6 +303,8 @@ def parse_settings(argv: Sequence[str]) -> ServerSettings:
     args = serve_parser.parse_args(argv)
     if args.load_model and args.model_control_mode != "explicit":
         serve_parser.error("--load-model requires --model-control-mode=explicit")
+    if (args.tls_cert is None) != (args.tls_key is None):
+        serve_parser.error("--tls-cert and --tls-key go together: a certificate and its key")
     ports = [p for p in (args.http_port, args.grpc_port, args.metrics_port) if p > 0]
     if len(ports) != len(set(ports)):
         serve_parser.error("--http-port, --grpc-port and --metrics-port must differ")
@@ -334,6 +345,8 @@ def parse_settings(argv: Sequence[str]) -> ServerSettings:
         allow_http=args.allow_http,
         allow_grpc=args.allow_grpc,
         http_uds=args.http_uds,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
         grpc_uds=args.grpc_uds,
         grpc_max_message_size=args.grpc_max_message_size,
         frontends=args.frontends or auto_frontends(ipc_arena_mb=args.ipc_arena_mb),

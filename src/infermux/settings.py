@@ -163,6 +163,8 @@ class ServerSettings:
     allow_http: bool = True
     allow_grpc: bool = True
     http_uds: Path | None = None
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
     grpc_uds: Path | None = None
     grpc_max_message_size: int = DEFAULT_GRPC_MAX_MESSAGE_SIZE
     frontends: int = 1

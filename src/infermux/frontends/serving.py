@@ -16,7 +16,7 @@ from typing import Any
 
 from infermux.dataplane import Operations
 from infermux.errors import StartupError
-from infermux.frontends import unix_socket
+from infermux.frontends import tls, unix_socket
 from infermux.frontends.grpc import GrpcBindError, GrpcServer
 from infermux.frontends.http import HttpApp, HttpServer
 from infermux.settings import DISABLED_PORT, ServerSettings
@@ -44,13 +44,14 @@ def http_sockets(settings: ServerSettings) -> tuple[list[socket.socket], list[Pa
     return sockets, files
 
 
-def http_endpoints(host: str, sockets: list[socket.socket]) -> list[str]:
+def http_endpoints(host: str, sockets: list[socket.socket], *, tls: bool = False) -> list[str]:
     """Where ``sockets`` listen, as the ready log line says it."""
     endpoints = []
+    scheme = "https" if tls else "http"
     for sock in sockets:
         name = sock.getsockname()
         if isinstance(name, tuple):
-            endpoints.append(f"HTTP on http://{host}:{name[1]}")
+            endpoints.append(f"HTTP on {scheme}://{host}:{name[1]}")
         else:
             endpoints.append(f"HTTP on unix:{name}")
     return endpoints
@@ -94,6 +95,7 @@ class FrontEnds:
         self._sockets = sockets
         self.socket_files: list[Path] = []
         self.endpoints: list[str] = []
+        self._tls = tls.load(settings)  # a bad pair fails here, before anything listens
         self._grpc = self._grpc_server(grpc_port, reuse_port, grpc_uds)
         self._http: HttpServer | None = None
         self._serving: asyncio.Task[None] | None = None
@@ -132,6 +134,7 @@ class FrontEnds:
             max_message_bytes=s.grpc_max_message_size,
             graceful_timeout=s.exit_timeout_secs,
             reuse_port=reuse_port,
+            credentials=self._tls.grpc_credentials() if self._tls is not None else None,
         )
 
     async def bind_grpc(self) -> None:
@@ -152,6 +155,7 @@ class FrontEnds:
             HttpApp(self._operations, max_body=s.http_max_input_size),
             graceful_timeout=s.exit_timeout_secs,
             log_level="debug" if s.log_verbose > 1 else "warning",
+            tls=(self._tls.cert, self._tls.key) if self._tls is not None else None,
         )
         self._serving = asyncio.create_task(self._http.serve(self._sockets), name="http")
         await self._http.wait_started(self._serving)
@@ -159,7 +163,7 @@ class FrontEnds:
     def announce(self) -> list[str]:
         """Where this process listens, as log-friendly strings (also kept in :attr:`endpoints`)."""
         s = self._settings
-        self.endpoints = http_endpoints(s.host, self._sockets)
+        self.endpoints = http_endpoints(s.host, self._sockets, tls=self._tls is not None)
         if self._grpc is not None:
             if self._grpc.bound_port is not None:
                 self.endpoints.append(f"gRPC on {s.host}:{self._grpc.bound_port}")

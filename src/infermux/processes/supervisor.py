@@ -178,7 +178,7 @@ class Supervisor:
 
     def _announce(self, models: list[str]) -> None:
         s = self.settings
-        self.endpoints = http_endpoints(s.host, self._sockets)
+        self.endpoints = http_endpoints(s.host, self._sockets, tls=s.tls_cert is not None)
         if s.allow_grpc and self._grpc_port != DISABLED_PORT:
             self.endpoints.append(f"gRPC on {s.host}:{self._grpc_port}")
         if s.allow_grpc and s.grpc_uds is not None:

@@ -42,6 +42,7 @@ class GrpcServer:
         max_message_bytes: int = MAX_MESSAGE_BYTES,
         graceful_timeout: float,
         reuse_port: bool = False,
+        credentials: Any = None,
     ) -> None:
         if not addresses:
             raise ValueError("GrpcServer needs at least one address")
@@ -50,6 +51,7 @@ class GrpcServer:
         self._max_message_bytes = max_message_bytes
         self._graceful_timeout = graceful_timeout
         self._reuse_port = reuse_port
+        self._credentials = credentials  # TLS on TCP addresses (tls.py); None: plain
         self._server: Any = None
         self._ports: dict[str, int] = {}
 
@@ -77,7 +79,7 @@ class GrpcServer:
         )
         try:
             for address in self.addresses:
-                self._ports[address] = _bind(server, address)
+                self._ports[address] = _bind(server, address, self._credentials)
         except GrpcBindError:
             await server.stop(None)  # releases the addresses already bound
             self._ports.clear()
@@ -98,9 +100,12 @@ def _is_unix(address: str) -> bool:
     return address.startswith(("unix:", "unix-abstract:"))
 
 
-def _bind(server: Any, address: str) -> int:
+def _bind(server: Any, address: str, credentials: Any = None) -> int:
     try:
-        port: int = server.add_insecure_port(address)
+        if credentials is not None and not _is_unix(address):
+            port: int = server.add_secure_port(address, credentials)
+        else:
+            port = server.add_insecure_port(address)
     except RuntimeError:
         port = 0
     if port == 0:

@@ -8,6 +8,7 @@ import contextlib
 import logging
 import socket
 from collections.abc import Awaitable, Callable, Iterator, Sequence
+from pathlib import Path
 
 import uvicorn
 
@@ -29,7 +30,15 @@ class _EmbeddedServer(uvicorn.Server):
 class HttpServer:
     """HTTP on bound sockets; ``serve`` returns after ``shutdown`` once open requests end."""
 
-    def __init__(self, app: AsgiApp, *, graceful_timeout: int = 30, log_level: str = "warning"):
+    def __init__(
+        self,
+        app: AsgiApp,
+        *,
+        graceful_timeout: int = 30,
+        log_level: str = "warning",
+        tls: tuple[Path, Path] | None = None,
+    ):
+        cert, key = tls if tls is not None else (None, None)
         config = uvicorn.Config(
             app,
             http="httptools",
@@ -39,6 +48,8 @@ class HttpServer:
             log_level=log_level,
             timeout_graceful_shutdown=graceful_timeout,
             server_header=False,
+            ssl_certfile=cert,  # HTTPS on every TCP socket given to serve (tls.py)
+            ssl_keyfile=key,
         )
         self._server = _EmbeddedServer(config)
 
