@@ -177,6 +177,21 @@ def _add_serve_arguments(serve: argparse.ArgumentParser) -> argparse.ArgumentPar
     serve.add_argument(
         "--tls-key", type=Path, metavar="PEM", help="the unencrypted private key of --tls-cert"
     )
+    serve.add_argument(
+        "--auth-token-file",
+        type=Path,
+        metavar="FILE",
+        help="require 'Authorization: Bearer <token in FILE>' (HTTP header or gRPC metadata) "
+        "for every endpoint but health; admin endpoints are then refused unless "
+        "--admin-token-file is given too",
+    )
+    serve.add_argument(
+        "--admin-token-file",
+        type=Path,
+        metavar="FILE",
+        help="require this token for admin endpoints (model load/unload, shared-memory "
+        "registration, traffic policy changes)",
+    )
     _add_bool(serve, "--allow-http", True, "serve the HTTP front end")
     _add_bool(serve, "--allow-grpc", True, "serve the gRPC front end")
     serve.add_argument(
@@ -347,6 +362,8 @@ def parse_settings(argv: Sequence[str]) -> ServerSettings:
         http_uds=args.http_uds,
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
+        auth_token_file=args.auth_token_file,
+        admin_token_file=args.admin_token_file,
         grpc_uds=args.grpc_uds,
         grpc_max_message_size=args.grpc_max_message_size,
         frontends=args.frontends or auto_frontends(ipc_arena_mb=args.ipc_arena_mb),

@@ -165,6 +165,8 @@ class ServerSettings:
     http_uds: Path | None = None
     tls_cert: Path | None = None
     tls_key: Path | None = None
+    auth_token_file: Path | None = None
+    admin_token_file: Path | None = None
     grpc_uds: Path | None = None
     grpc_max_message_size: int = DEFAULT_GRPC_MAX_MESSAGE_SIZE
     frontends: int = 1

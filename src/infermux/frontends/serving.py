@@ -16,7 +16,7 @@ from typing import Any
 
 from infermux.dataplane import Operations
 from infermux.errors import StartupError
-from infermux.frontends import tls, unix_socket
+from infermux.frontends import access, tls, unix_socket
 from infermux.frontends.grpc import GrpcBindError, GrpcServer
 from infermux.frontends.http import HttpApp, HttpServer
 from infermux.settings import DISABLED_PORT, ServerSettings
@@ -96,6 +96,7 @@ class FrontEnds:
         self.socket_files: list[Path] = []
         self.endpoints: list[str] = []
         self._tls = tls.load(settings)  # a bad pair fails here, before anything listens
+        self._access = access.load(settings)
         self._grpc = self._grpc_server(grpc_port, reuse_port, grpc_uds)
         self._http: HttpServer | None = None
         self._serving: asyncio.Task[None] | None = None
@@ -135,6 +136,7 @@ class FrontEnds:
             graceful_timeout=s.exit_timeout_secs,
             reuse_port=reuse_port,
             credentials=self._tls.grpc_credentials() if self._tls is not None else None,
+            access=self._access,
         )
 
     async def bind_grpc(self) -> None:
@@ -152,7 +154,7 @@ class FrontEnds:
         if not self._sockets:
             return
         self._http = HttpServer(
-            HttpApp(self._operations, max_body=s.http_max_input_size),
+            HttpApp(self._operations, max_body=s.http_max_input_size, access=self._access),
             graceful_timeout=s.exit_timeout_secs,
             log_level="debug" if s.log_verbose > 1 else "warning",
             tls=(self._tls.cert, self._tls.key) if self._tls is not None else None,

@@ -13,6 +13,8 @@ import grpc  # type: ignore[import-untyped,unused-ignore]  # grpcio ships no typ
 from tritonclient.grpc import service_pb2_grpc
 
 from infermux.dataplane import Operations
+from infermux.frontends.access import OPEN, Access
+from infermux.frontends.grpc.access import AccessInterceptor
 from infermux.frontends.grpc.servicer import InferenceServicer
 
 logger = logging.getLogger(__name__)
@@ -43,6 +45,7 @@ class GrpcServer:
         graceful_timeout: float,
         reuse_port: bool = False,
         credentials: Any = None,
+        access: Access = OPEN,
     ) -> None:
         if not addresses:
             raise ValueError("GrpcServer needs at least one address")
@@ -52,6 +55,7 @@ class GrpcServer:
         self._graceful_timeout = graceful_timeout
         self._reuse_port = reuse_port
         self._credentials = credentials  # TLS on TCP addresses (tls.py); None: plain
+        self._access = access
         self._server: Any = None
         self._ports: dict[str, int] = {}
 
@@ -65,6 +69,7 @@ class GrpcServer:
             raise RuntimeError("GrpcServer.start called twice")
         n = self._max_message_bytes
         server = grpc.aio.server(
+            interceptors=[] if self._access.open else [AccessInterceptor(self._access)],
             options=[
                 ("grpc.max_send_message_length", n),
                 ("grpc.max_receive_message_length", n),
@@ -72,7 +77,7 @@ class GrpcServer:
                 # bind silently and share its traffic; Triton also leaves it off by default.
                 # Several front-end processes of one server share their port on purpose.
                 ("grpc.so_reuseport", int(self._reuse_port)),
-            ]
+            ],
         )
         service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
             InferenceServicer(self._dataplane), server

@@ -17,6 +17,7 @@ from typing import Any
 
 from infermux.dataplane import Operations
 from infermux.errors import InfermuxError, InvalidArgumentError
+from infermux.frontends.access import OPEN, Access, Denied, Kind
 from infermux.frontends.http import codec, documents, traffic
 from infermux.frontends.http.transport import (
     JSON_TYPE,
@@ -39,43 +40,69 @@ HEADER_LENGTH = "inference-header-content-length"
 DEFAULT_MAX_BODY = 64 * 1024 * 1024
 
 Handler = Callable[[Request, "re.Match[str]"], Awaitable[Reply]]
+Classify = Callable[[Request, "re.Match[str]"], Kind]
+
+
+def _always(kind: Kind) -> Classify:
+    return lambda request, match: kind
+
+
+def _changes_traffic(request: Request, match: re.Match[str]) -> Kind:
+    # GET is the report; POST/DELETE on the policy, promote and rollback change it.
+    return Kind.INFERENCE if request.method == "GET" and match.group(2) is None else Kind.ADMIN
+
+
+def _registers(request: Request, match: re.Match[str]) -> Kind:
+    return Kind.INFERENCE if match.group(2) == "status" else Kind.ADMIN
 
 
 class HttpApp:
     """ASGI application over the data plane's :class:`Operations`; ``max_body`` bounds a
     request body in bytes."""
 
-    def __init__(self, dataplane: Operations, *, max_body: int = DEFAULT_MAX_BODY) -> None:
+    def __init__(
+        self,
+        dataplane: Operations,
+        *,
+        max_body: int = DEFAULT_MAX_BODY,
+        access: Access = OPEN,
+    ) -> None:
         self._dp = dataplane
         self._max_body = max_body
+        self._access = access
+        inference = _always(Kind.INFERENCE)
         # Order matters: "/v2/models/stats" must win over a model named "stats".
-        self._routes: list[tuple[re.Pattern[str], Handler]] = [
-            (re.compile(r"^/v2/health/(live|ready)$"), self._health),
-            (re.compile(r"^/v2/?$"), self._server_metadata),
-            (re.compile(r"^/v2/models/stats$"), self._all_statistics),
-            (traffic.PATTERN, self._traffic),
+        self._routes: list[tuple[re.Pattern[str], Handler, Classify]] = [
+            (re.compile(r"^/v2/health/(live|ready)$"), self._health, _always(Kind.HEALTH)),
+            (re.compile(r"^/v2/?$"), self._server_metadata, inference),
+            (re.compile(r"^/v2/models/stats$"), self._all_statistics, inference),
+            (traffic.PATTERN, self._traffic, _changes_traffic),
             (
                 re.compile(
                     r"^/v2/models/([^/]+)(?:/versions/([0-9]+))?(?:/(infer|ready|config|stats))?$"
                 ),
                 self._model,
+                inference,
             ),
-            (re.compile(r"^/v2/repository(?:/[^/]+)?/index$"), self._repository_index),
+            (re.compile(r"^/v2/repository(?:/[^/]+)?/index$"), self._repository_index, inference),
             (
                 re.compile(r"^/v2/repository(?:/[^/]+)?/models/([^/]+)/(load|unload)$"),
                 self._repository_control,
+                _always(Kind.ADMIN),
             ),
             (
                 re.compile(
                     r"^/v2/systemsharedmemory(?:/region/([^/]+))?/(status|register|unregister)$"
                 ),
                 self._system_shared_memory,
+                _registers,
             ),
             (
                 re.compile(
                     r"^/v2/cudasharedmemory(?:/region/([^/]+))?/(status|register|unregister)$"
                 ),
                 self._cuda_shared_memory,
+                _registers,
             ),
         ]
 
@@ -93,9 +120,15 @@ class HttpApp:
         await send_reply(send, reply, request.headers.get("accept-encoding", ""))
 
     async def _dispatch(self, request: Request) -> Reply:
-        for pattern, handler in self._routes:
+        for pattern, handler, classify in self._routes:
             match = pattern.match(request.path)
             if match:
+                if not self._access.open:
+                    try:
+                        kind = classify(request, match)
+                        self._access.check(kind, request.headers.get("authorization"))
+                    except Denied as denied:
+                        return _denied(denied)
                 return await handler(request, match)
         raise HttpError(404, "Not Found")
 
@@ -282,3 +315,11 @@ def _integer(doc: dict[str, Any], field: str, default: int | None) -> int:
     if not isinstance(value, int) or isinstance(value, bool):
         raise InvalidArgumentError(f"field '{field}' must be an integer")
     return value
+
+
+def _denied(denied: Denied) -> Reply:
+    if not denied.unauthenticated:
+        return Reply.error(403, denied.message)
+    reply = Reply.error(401, denied.message)
+    reply.headers.append((b"www-authenticate", b'Bearer realm="infermux"'))
+    return reply

@@ -1,0 +1,76 @@
+"""The access rules of :mod:`infermux.frontends.access` for gRPC: a server interceptor that
+reads the ``authorization`` metadata and aborts with UNAUTHENTICATED or PERMISSION_DENIED.
+Installed only when a token is set, so an open server pays nothing per call."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc  # type: ignore[import-untyped,unused-ignore]  # grpcio ships no type information
+
+from infermux.frontends.access import Access, Denied, Kind
+
+_SERVICE = "/inference.GRPCInferenceService/"
+_KINDS = {
+    "ServerLive": Kind.HEALTH,
+    "ServerReady": Kind.HEALTH,
+    "RepositoryModelLoad": Kind.ADMIN,
+    "RepositoryModelUnload": Kind.ADMIN,
+    "SystemSharedMemoryRegister": Kind.ADMIN,
+    "SystemSharedMemoryUnregister": Kind.ADMIN,
+    "CudaSharedMemoryRegister": Kind.ADMIN,
+    "CudaSharedMemoryUnregister": Kind.ADMIN,
+    "TraceSetting": Kind.ADMIN,
+    "LogSettings": Kind.ADMIN,
+}
+"""Every other RPC of the service (inference, metadata, statistics, status) is INFERENCE."""
+
+
+def kind_of(method: str) -> Kind:
+    name = method.removeprefix(_SERVICE)
+    return _KINDS.get(name, Kind.INFERENCE)
+
+
+class AccessInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # untyped base
+    def __init__(self, access: Access) -> None:
+        self._access = access
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[Any], Awaitable[Any]],
+        handler_call_details: Any,
+    ) -> Any:
+        metadata = dict(handler_call_details.invocation_metadata or ())
+        try:
+            self._access.check(kind_of(handler_call_details.method), metadata.get("authorization"))
+        except Denied as denied:
+            return _refusal(await continuation(handler_call_details), denied)
+        return await continuation(handler_call_details)
+
+
+def _refusal(handler: Any, denied: Denied) -> Any:
+    """A handler of ``handler``'s shape that only aborts."""
+    code = (
+        grpc.StatusCode.UNAUTHENTICATED
+        if denied.unauthenticated
+        else (grpc.StatusCode.PERMISSION_DENIED)
+    )
+
+    async def unary(request: Any, context: Any) -> Any:
+        await context.abort(code, denied.message)
+
+    async def streaming(requests: AsyncIterator[Any], context: Any) -> Any:
+        await context.abort(code, denied.message)
+
+    if handler is None:
+        return None
+    shapes = {"request_deserializer": handler.request_deserializer,
+              "response_serializer": handler.response_serializer}  # fmt: skip
+    if handler.unary_unary is not None:
+        return grpc.unary_unary_rpc_method_handler(unary, **shapes)
+    if handler.unary_stream is not None:
+        return grpc.unary_stream_rpc_method_handler(unary, **shapes)
+    if handler.stream_unary is not None:
+        return grpc.stream_unary_rpc_method_handler(streaming, **shapes)
+    return grpc.stream_stream_rpc_method_handler(streaming, **shapes)
