@@ -25,6 +25,7 @@ def tensor_from_bytes(
     Fixed-size tensors are zero-copy views of ``raw`` (read-only when ``raw`` is ``bytes``).
     """
     count = element_count(shape)
+    check_shape_size(f"input '{name}'", shape)
     if datatype == "BYTES":
         return _bytes_elements(name, shape, count, raw)
     dtype = numpy_dtype(datatype)
@@ -37,6 +38,17 @@ def tensor_from_bytes(
     if datatype == "BOOL" and np.frombuffer(raw, dtype=np.uint8).max(initial=0) > 1:
         raise InvalidArgumentError(f"input '{name}': BOOL bytes must be 0 or 1")
     return np.frombuffer(raw, dtype=dtype.newbyteorder("<")).reshape(shape)
+
+
+def check_shape_size(what: str, shape: tuple[int, ...]) -> None:
+    """Refuse a shape numpy could not even describe (its non-zero dimensions multiply past
+    2**62): with a zero among them the element count is 0 and every size check passes, but
+    building the array would fail as an internal error."""
+    product = 1
+    for dim in shape:
+        product *= max(dim, 1)
+    if product > 2**62:
+        raise InvalidArgumentError(f"{what}: shape {list(shape)} is too large")
 
 
 def tensor_to_bytes(datatype: str, array: npt.NDArray[np.generic]) -> bytes:
@@ -69,9 +81,16 @@ def count_bytes_elements(raw: bytes | memoryview) -> int:
 def _bytes_elements(
     name: str, shape: tuple[int, ...], count: int, raw: bytes | memoryview
 ) -> npt.NDArray[np.generic]:
-    out = np.empty(count, dtype=np.object_)
     view = memoryview(raw)
     offset, size = 0, len(view)
+    # Each element takes at least its 4-byte length prefix: a shape claiming more elements than
+    # that is refused before the array is allocated (a client's shape must not size memory).
+    if count * 4 > size:
+        raise InvalidArgumentError(
+            f"input '{name}': BYTES data holds fewer than the {count} elements of shape "
+            f"{list(shape)} ({size} bytes; each element takes at least 4)"
+        )
+    out = np.empty(count, dtype=np.object_)
     for i in range(count):
         if offset + 4 > size:
             raise InvalidArgumentError(

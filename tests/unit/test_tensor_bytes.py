@@ -245,3 +245,17 @@ def test_count_bytes_elements(raw: bytes, count: int) -> None:
 def test_count_bytes_elements_rejects_malformed_data(raw: bytes, match: str) -> None:
     with pytest.raises(InvalidArgumentError, match=match):
         count_bytes_elements(raw)
+
+
+@pytest.mark.parametrize("datatype", ["BYTES", "FP32"])
+def test_a_shape_numpy_cannot_describe_is_an_invalid_argument(datatype: str) -> None:
+    """Found by tests/e2e/test_malformed.py: a zero among huge dimensions passed the size
+    checks (0 elements) and failed building the array, as an internal error."""
+    with pytest.raises(InvalidArgumentError, match=r"input 'x': shape .* is too large"):
+        tensor_from_bytes("x", datatype, (2**40, 0, 2**40), b"")
+
+
+def test_bytes_elements_are_counted_before_allocating() -> None:
+    """A BYTES shape of 2**40 elements over 4 bytes is refused without allocating 8 TiB."""
+    with pytest.raises(InvalidArgumentError, match="fewer than the 1099511627776 elements"):
+        tensor_from_bytes("x", "BYTES", (2**40,), b"\0\0\0\0")

@@ -17,7 +17,7 @@ from tritonclient.grpc import service_pb2
 
 from infermux.errors import InvalidArgumentError
 from infermux.model_config import ModelConfig
-from infermux.tensor_bytes import tensor_from_bytes, tensor_to_bytes
+from infermux.tensor_bytes import check_shape_size, tensor_from_bytes, tensor_to_bytes
 from infermux.types import (
     DATATYPES,
     SHM_REGION,
@@ -166,6 +166,7 @@ def _input_header(item: Message, index: int) -> tuple[str, str, tuple[int, ...]]
     shape = tuple(item.shape)
     if any(d < 0 for d in shape):
         raise InvalidArgumentError(f"input '{name}': shape {list(shape)} has a negative dimension")
+    check_shape_size(f"input '{name}'", shape)
     return name, datatype, shape
 
 

@@ -16,7 +16,7 @@ import numpy.typing as npt
 import orjson
 
 from infermux.errors import InvalidArgumentError
-from infermux.tensor_bytes import tensor_from_bytes, tensor_to_bytes
+from infermux.tensor_bytes import check_shape_size, tensor_from_bytes, tensor_to_bytes
 from infermux.types import (
     DATATYPES,
     SHM_REGION,
@@ -150,6 +150,7 @@ def _shape(value: Any, field: str) -> tuple[int, ...]:
         isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in value
     ):
         raise InvalidArgumentError(f"{field}: field 'shape' must be a list of integers >= 0")
+    check_shape_size(field, tuple(value))
     return tuple(value)
 
 
