@@ -101,7 +101,8 @@ def near_valid_grpc(draw: st.DrawFn) -> bytes:
             request.raw_input_contents.append(draw(st.binary(max_size=40)))
     for _ in range(draw(st.integers(0, 2))):
         request.outputs.add(name=draw(st.text(max_size=6)))
-    return request.SerializeToString()
+    serialized: bytes = request.SerializeToString()
+    return serialized
 
 
 @FUZZ
