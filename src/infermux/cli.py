@@ -192,6 +192,13 @@ def _add_serve_arguments(serve: argparse.ArgumentParser) -> argparse.ArgumentPar
         help="require this token for admin endpoints (model load/unload, shared-memory "
         "registration, traffic policy changes)",
     )
+    serve.add_argument(
+        "--max-shm-regions",
+        type=_positive(int),
+        default=256,
+        metavar="N",
+        help="client shared-memory regions registered at once, system and CUDA each (default 256)",
+    )
     _add_bool(serve, "--allow-http", True, "serve the HTTP front end")
     _add_bool(serve, "--allow-grpc", True, "serve the gRPC front end")
     serve.add_argument(
@@ -364,6 +371,7 @@ def parse_settings(argv: Sequence[str]) -> ServerSettings:
         tls_key=args.tls_key,
         auth_token_file=args.auth_token_file,
         admin_token_file=args.admin_token_file,
+        max_shm_regions=args.max_shm_regions,
         grpc_uds=args.grpc_uds,
         grpc_max_message_size=args.grpc_max_message_size,
         frontends=args.frontends or auto_frontends(ipc_arena_mb=args.ipc_arena_mb),

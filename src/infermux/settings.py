@@ -167,6 +167,7 @@ class ServerSettings:
     tls_key: Path | None = None
     auth_token_file: Path | None = None
     admin_token_file: Path | None = None
+    max_shm_regions: int = 256
     grpc_uds: Path | None = None
     grpc_max_message_size: int = DEFAULT_GRPC_MAX_MESSAGE_SIZE
     frontends: int = 1

@@ -55,6 +55,10 @@ def build_dataplane(settings: ServerSettings, repository: ModelRepository) -> Da
         extensions=extensions(settings),
         strict_readiness=settings.strict_readiness,
         log_requests=settings.log_verbose > 1,
-        shared_memory=SharedMemoryRegistry(enabled=settings.allow_client_shm),
-        cuda_shared_memory=CudaSharedMemoryRegistry(enabled=settings.allow_client_shm),
+        shared_memory=SharedMemoryRegistry(
+            enabled=settings.allow_client_shm, max_regions=settings.max_shm_regions
+        ),
+        cuda_shared_memory=CudaSharedMemoryRegistry(
+            enabled=settings.allow_client_shm, max_regions=settings.max_shm_regions
+        ),
     )

@@ -41,7 +41,13 @@ from infermux.types import (
     numpy_dtype,
 )
 
-from .shared_memory import check_bounds, placed, shm_reference
+from .shared_memory import (
+    DEFAULT_MAX_REGIONS,
+    check_bounds,
+    check_region_count,
+    placed,
+    shm_reference,
+)
 
 IPC_HANDLE_SIZE = 64  # CUDA_IPC_HANDLE_SIZE
 
@@ -136,8 +142,15 @@ class _Region:
 class CudaSharedMemoryRegistry:
     """The CUDA regions clients registered, by name."""
 
-    def __init__(self, *, enabled: bool, ipc: Callable[[], CudaIpc] = CudaRuntime) -> None:
+    def __init__(
+        self,
+        *,
+        enabled: bool,
+        ipc: Callable[[], CudaIpc] = CudaRuntime,
+        max_regions: int = DEFAULT_MAX_REGIONS,
+    ) -> None:
         self.enabled = enabled
+        self.max_regions = max_regions
         self._make_ipc = ipc
         self._ipc: CudaIpc | None = None
         self._lock = threading.Lock()
@@ -165,6 +178,7 @@ class CudaSharedMemoryRegistry:
             raise InfermuxError(
                 f"shared memory region '{name}' is already registered", ErrorCode.ALREADY_EXISTS
             )
+        check_region_count(name, len(self._regions), self.max_regions)
         if len(raw_handle) != IPC_HANDLE_SIZE:
             raise InvalidArgumentError(
                 f"CUDA shared memory region '{name}': 'raw_handle' must be the "

@@ -41,6 +41,7 @@ except ImportError:  # pragma: no cover - Windows
 
 # POSIX: one leading slash, then up to NAME_MAX characters without further slashes.
 _KEY = re.compile(r"^/?[^/\x00]{1,255}$")
+DEFAULT_MAX_REGIONS = 256
 
 DISABLED = (
     "system shared memory is disabled: start infermux serve with --allow-client-shm to use it"
@@ -56,8 +57,9 @@ class _Mapped:
 class SharedMemoryRegistry:
     """The regions clients registered, by name."""
 
-    def __init__(self, *, enabled: bool) -> None:
+    def __init__(self, *, enabled: bool, max_regions: int = DEFAULT_MAX_REGIONS) -> None:
         self.enabled = enabled
+        self.max_regions = max_regions  # each holds a mapping and a descriptor of the server's
         self._regions: dict[str, _Mapped] = {}
 
     def _check_enabled(self) -> None:
@@ -73,6 +75,7 @@ class SharedMemoryRegistry:
             raise InfermuxError(
                 f"shared memory region '{name}' is already registered", ErrorCode.ALREADY_EXISTS
             )
+        check_region_count(name, len(self._regions), self.max_regions)
         if not _KEY.match(key) or key.strip("/") in (".", ".."):
             raise InvalidArgumentError(
                 f"shared memory region '{name}': key '{key}' is not a valid POSIX shm name"
@@ -161,6 +164,16 @@ class SharedMemoryRegistry:
     def has(self, name: str) -> bool:
         """Whether region ``name`` is registered here."""
         return name in self._regions
+
+
+def check_region_count(name: str, held: int, limit: int) -> None:
+    """Refuse a registration past ``limit`` regions (``--max-shm-regions``, system and CUDA
+    each): a client must not make the server hold unbounded mappings and handles."""
+    if held >= limit:
+        raise InvalidArgumentError(
+            f"shared memory region '{name}': {held} regions are registered, the server's limit "
+            "(--max-shm-regions); unregister some first"
+        )
 
 
 def shm_reference(what: str, parameters: Parameters) -> tuple[str, int, int]:
