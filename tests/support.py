@@ -9,7 +9,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -165,6 +165,15 @@ class ServerProcess:
             self.reader.join(10)
         if self.process.stderr is not None:
             self.process.stderr.close()
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 60) -> None:
+    """Poll ``condition`` until it holds (AssertionError after ``timeout`` seconds)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out")
+        time.sleep(0.05)
 
 
 def start_server(*args: str, timeout: float = 120, no_arg_default: bool = False) -> ServerProcess:

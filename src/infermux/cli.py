@@ -6,7 +6,7 @@ import argparse
 import os
 import platform
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -80,16 +80,23 @@ def _non_negative_int(value: str) -> int:
     return number
 
 
-def _frontends(value: str) -> int:
-    if value.strip().lower() == "auto":
-        return 0  # resolved in parse_settings, which knows --ipc-arena-mb
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number or 'auto', got '{value}'") from None
-    if not 1 <= number <= MAX_FRONTENDS:
-        raise argparse.ArgumentTypeError(f"must be 1-{MAX_FRONTENDS}, got {value}")
-    return number
+def _count_or_auto(limit: int, auto: Callable[[], int]) -> Callable[[str], int]:
+    """An argparse type for ``N|auto``: 1 to ``limit``, or what ``auto`` says."""
+
+    def parse(value: str) -> int:
+        if value.strip().lower() == "auto":
+            return auto()
+        try:
+            number = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected a number or 'auto', got '{value}'"
+            ) from None
+        if not 1 <= number <= limit:
+            raise argparse.ArgumentTypeError(f"must be 1-{limit}, got {value}")
+        return number
+
+    return parse
 
 
 def auto_executors(environ: dict[str, str] | None = None) -> int:
@@ -108,16 +115,9 @@ def auto_executors(environ: dict[str, str] | None = None) -> int:
     return max(1, min(MAX_EXECUTORS, count))
 
 
-def _executors(value: str) -> int:
-    if value.strip().lower() == "auto":
-        return auto_executors()
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number or 'auto', got '{value}'") from None
-    if not 1 <= number <= MAX_EXECUTORS:
-        raise argparse.ArgumentTypeError(f"must be 1-{MAX_EXECUTORS}, got {value}")
-    return number
+# --frontends auto is resolved in parse_settings, which knows --ipc-arena-mb (0 stands for it).
+_frontends = _count_or_auto(MAX_FRONTENDS, lambda: 0)
+_executors = _count_or_auto(MAX_EXECUTORS, auto_executors)
 
 
 _SERVE_HELP = "serve a model repository over the KServe V2 protocol"

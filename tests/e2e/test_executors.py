@@ -13,7 +13,7 @@ import shutil
 import signal
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
 from infermux.settings import builtin_repository
-from tests.support import ServerProcess, start_server
+from tests.support import ServerProcess, start_server, wait_for
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs Linux /proc")
 
@@ -82,14 +82,6 @@ def executor_pids(server: ServerProcess) -> list[int]:
         if "executor pids" in line:
             return [int(p) for p in line.rsplit("executor pids", 1)[1].strip(" )").split(",")]
     raise AssertionError("no executor pids in the log")
-
-
-def wait_for(condition: Callable[[], bool], timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out")
-        time.sleep(0.05)
 
 
 @pytest.fixture(scope="module")

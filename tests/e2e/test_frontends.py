@@ -11,7 +11,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from infermux.settings import builtin_repository
-from tests.support import SLOW_MODEL, ServerProcess, start_server, write_model
+from tests.support import SLOW_MODEL, ServerProcess, start_server, wait_for, write_model
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs Linux /proc")
 
@@ -192,14 +192,6 @@ def executor_pid(server: ServerProcess) -> int:
         if "executor pid" in line:
             return int(line.rsplit("executor pid", 1)[1].strip(" )"))
     raise AssertionError("no executor pid in the log")
-
-
-def wait_for(condition: Callable[[], bool], timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out")
-        time.sleep(0.05)
 
 
 def infer_slow(url: str, seconds: float) -> Any:

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from infermux import __version__
-from infermux.cli import main, parse_settings
+from infermux.cli import auto_executors, main, parse_settings
 from infermux.settings import (
     TraceSettings,
     builtin_repositories,
@@ -62,6 +62,12 @@ def test_triton_style_flags(tmp_path: Path) -> None:
         ["--repository-poll-secs", "x"],
         ["--exit-timeout-secs", "abc"],
         ["--http-port", "http"],
+        ["--executors", "0"],
+        ["--executors", "17"],
+        ["--executors", "some"],
+        ["--frontends", "65"],
+        ["--max-shm-regions", "0"],
+        ["--tls-cert", "c.pem"],
     ],
 )
 def test_invalid_values_exit_2(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
@@ -156,3 +162,20 @@ def test_parse_trace_config_directly() -> None:
     assert parse_trace_config([]) == TraceSettings()
     with pytest.raises(ValueError, match="'rate=-1'"):
         parse_trace_config(["rate=-1"])
+
+
+def test_executors_flag() -> None:
+    assert parse_settings([]).executors == 1
+    assert parse_settings(["--executors", "3", "--frontends", "2"]).executors == 3
+    assert parse_settings(["--executors", "auto"]).executors >= 1
+
+
+@pytest.mark.parametrize(
+    ("visible", "expected"), [("0,1", 2), ("3", 1), ("", 1), ("-1", 1), ("0,1,2,3", 4)]
+)
+def test_auto_executors_counts_the_visible_gpus(visible: str, expected: int) -> None:
+    import platform
+
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        pytest.skip("one executor off x86-64")
+    assert auto_executors({"CUDA_VISIBLE_DEVICES": visible}) == expected
