@@ -42,12 +42,13 @@ def tensor_from_bytes(
 
 def check_shape_size(what: str, shape: tuple[int, ...]) -> None:
     """Refuse a shape numpy could not even describe (its non-zero dimensions multiply past
-    2**62): with a zero among them the element count is 0 and every size check passes, but
-    building the array would fail as an internal error."""
+    2**58, which at 16 bytes an element nears numpy's 2**63-byte bound): with a zero among them
+    the element count is 0 and every size check passes, but building the array would fail as
+    an internal error (found by tests/e2e/test_malformed.py, then by fuzz/ with INT64)."""
     product = 1
     for dim in shape:
         product *= max(dim, 1)
-    if product > 2**62:
+    if product > 2**58:
         raise InvalidArgumentError(f"{what}: shape {list(shape)} is too large")
 
 
