@@ -176,6 +176,26 @@ def wait_for(condition: Callable[[], bool], timeout: float = 60) -> None:
         time.sleep(0.05)
 
 
+def failures_until_answered(
+    call: Callable[[], object], what: str, timeout: float = 120
+) -> set[str]:
+    """Call ``call`` until it returns; the statuses of the InferenceServerExceptions it raised
+    meanwhile (an AssertionError naming ``what`` when it never answers in ``timeout`` seconds)."""
+    from tritonclient.utils import InferenceServerException
+
+    statuses: set[str] = set()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            call()
+        except InferenceServerException as exc:
+            statuses.add(str(exc.status()))
+            time.sleep(0.05)
+            continue
+        return statuses
+    raise AssertionError(f"{what} never came back")
+
+
 def start_server(*args: str, timeout: float = 120, no_arg_default: bool = False) -> ServerProcess:
     """Start ``infermux serve`` on free ports and wait until it reports ready.
 

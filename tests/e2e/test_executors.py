@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
 from infermux.settings import builtin_repository
-from tests.support import ServerProcess, start_server, wait_for
+from tests.support import ServerProcess, failures_until_answered, start_server, wait_for
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs Linux /proc")
 
@@ -138,19 +137,10 @@ def test_a_dead_executor_costs_only_what_it_alone_hosts(repository: Path) -> Non
             for i in range(10):
                 out = client.infer("simple", simple_inputs(i)).as_numpy("OUTPUT1")
                 np.testing.assert_array_equal(out, np.zeros((1, 16), dtype=np.int32))
-        statuses = set()
         with grpcclient.InferenceServerClient(server.grpc_url) as client:
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline:
-                try:
-                    client.infer("simple_string", string_inputs())
-                except InferenceServerException as exc:
-                    statuses.add(exc.status())
-                    time.sleep(0.05)
-                    continue
-                break
-            else:
-                raise AssertionError("executor-0 never came back")
+            statuses = failures_until_answered(
+                lambda: client.infer("simple_string", string_inputs()), "executor-0"
+            )
             assert client.is_server_ready()
         assert statuses <= {"StatusCode.UNAVAILABLE"}, statuses
         assert one in server.children()  # the other executor was never touched

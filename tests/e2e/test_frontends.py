@@ -22,7 +22,14 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from infermux.settings import builtin_repository
-from tests.support import SLOW_MODEL, ServerProcess, start_server, wait_for, write_model
+from tests.support import (
+    SLOW_MODEL,
+    ServerProcess,
+    failures_until_answered,
+    start_server,
+    wait_for,
+    write_model,
+)
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs Linux /proc")
 
@@ -241,18 +248,7 @@ def test_a_dead_executor_means_503_until_its_replacement_is_ready(repository: Pa
     with serve(repository, 2) as server:
         os.kill(executor_pid(server), signal.SIGKILL)
         wait_for(lambda: any("executor exited" in line for line in server.log))
-        statuses = set()
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                infer_slow(server.url, 0.0)
-            except InferenceServerException as exc:
-                statuses.add(exc.status())
-                time.sleep(0.05)
-                continue
-            break
-        else:
-            raise AssertionError("the executor never came back")
+        statuses = failures_until_answered(lambda: infer_slow(server.url, 0.0), "the executor")
         assert statuses <= {"503"}, statuses
         with grpcclient.InferenceServerClient(server.grpc_url) as client:
             assert client.is_server_ready()
