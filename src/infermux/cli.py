@@ -303,6 +303,15 @@ def _add_serve_arguments(serve: argparse.ArgumentParser) -> argparse.ArgumentPar
         metavar="SECONDS",
         help="how long shutdown waits for in-flight requests (default 30)",
     )
+    serve.add_argument(
+        "--execution-timeout-ms",
+        type=_non_negative_int,
+        default=0,
+        metavar="MS",
+        help="bound on one model execution (default 0: none; a model's execution_timeout_ms "
+        "parameter overrides it); an instance that overruns fails its batch with 503 and is "
+        "replaced",
+    )
     return serve
 
 
@@ -364,6 +373,7 @@ def parse_settings(argv: Sequence[str]) -> ServerSettings:
         trace=trace,
         http_max_input_size=args.http_max_input_size,
         exit_timeout_secs=args.exit_timeout_secs,
+        execution_timeout_ms=args.execution_timeout_ms,
         allow_http=args.allow_http,
         allow_grpc=args.allow_grpc,
         http_uds=args.http_uds,

@@ -153,6 +153,15 @@ class ModelConfig:
         """Validate ``message`` and build the typed config; errors name ``source`` and the field."""
         return _build(message, source)
 
+    def __reduce__(self) -> tuple[Any, tuple[bytes]]:
+        # Pickled as its protobuf bytes (the generated message class does not pickle by
+        # reference): a process-isolated Python model's worker receives its config this way.
+        return _from_bytes, (self.proto.SerializeToString(),)
+
+
+def _from_bytes(data: bytes) -> ModelConfig:
+    return ModelConfig.from_proto(pb.ModelConfig.FromString(data))
+
 
 def _build(parsed: pb.ModelConfig, source: str) -> ModelConfig:
     def fail(field: str, problem: str) -> ConfigError:

@@ -160,6 +160,9 @@ class ServerSettings:
     trace: TraceSettings = field(default_factory=TraceSettings)
     http_max_input_size: int = DEFAULT_MAX_INPUT_SIZE
     exit_timeout_secs: int = 30
+    execution_timeout_ms: int = 0
+    """Bound on one model ``execute`` (0: none); a model's ``execution_timeout_ms`` parameter
+    overrides it. An instance that overruns fails its batch (503) and is replaced."""
     allow_http: bool = True
     allow_grpc: bool = True
     http_uds: Path | None = None

@@ -96,6 +96,8 @@ class ModelStatistics:
         self.instances = tuple(instances)
         self.busy_ns = [0] * len(self.instances)
         """Per instance: time it was taken by a batch (dispatch to result), for occupancy."""
+        self.timeouts = [0] * len(self.instances)
+        """Per instance: executions cut by the execution timeout (each replaced the instance)."""
         self.histograms = Histograms() if histograms else None
         """None when metrics are off, so that the request path skips them."""
         self.load_seconds = 0.0
@@ -116,6 +118,11 @@ class ModelStatistics:
         batch.compute_input.add(input_ns)
         batch.compute_infer.add(infer_ns)
         batch.compute_output.add(output_ns)
+
+    def record_timeout(self, instance: int) -> None:
+        """Instance number ``instance`` overran the execution timeout."""
+        if instance < len(self.timeouts):
+            self.timeouts[instance] += 1
 
     def record_success(
         self,

@@ -8,7 +8,8 @@ The author contract (documented in ``docs/python-models.md``)::
         def finalize(self) -> None: ...                                         # optional
 
 Unlike Triton's Python backend, the model runs in the server process on its instance's thread:
-tensors reach it without an IPC copy.
+tensors reach it without an IPC copy. A model that may crash the process can opt into a worker
+process of its own (``isolation: process``, ``backends/python_process.py``).
 """
 
 from __future__ import annotations
@@ -21,13 +22,18 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from infermux.backends.base import ExecuteResult, ModelContext, ModelRequest, model_file
 from infermux.errors import InternalError, ModelLoadError
 
+if TYPE_CHECKING:
+    from infermux.backends.python_process import ProcessInstance
+
 MODEL_CLASS = "Model"
 DEFAULT_FILENAME = "model.py"
+ISOLATION_PARAMETER = "isolation"
+ISOLATION_MODES = ("thread", "process")  # thread: in the server process (the default)
 
 _module_ids = itertools.count()
 
@@ -38,7 +44,22 @@ class PythonBackend:
     name = "python"
     stacks_inputs = False  # execute() receives the list of requests; the model may stack them
 
-    def load(self, context: ModelContext) -> PythonInstance:
+    def load(self, context: ModelContext) -> PythonInstance | ProcessInstance:
+        isolation = context.config.parameters.get(ISOLATION_PARAMETER) or "thread"
+        if isolation not in ISOLATION_MODES:
+            raise ModelLoadError(
+                f"model '{context.config.name}': parameters.{ISOLATION_PARAMETER} must be one of "
+                f"{', '.join(ISOLATION_MODES)}, got {isolation!r}"
+            )
+        if isolation == "process":
+            model_file(context, DEFAULT_FILENAME)  # a missing file is said here, not by a worker
+            from infermux.backends.python_process import ProcessInstance
+
+            return ProcessInstance(context)
+        return self.load_here(context)
+
+    def load_here(self, context: ModelContext) -> PythonInstance:
+        """Load the model into this process (a worker process calls this too)."""
         path = Path(model_file(context, DEFAULT_FILENAME))
         module = _import_file(path, context)
         cls = getattr(module, MODEL_CLASS, None)

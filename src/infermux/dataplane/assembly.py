@@ -45,6 +45,7 @@ def build_repository(
         observer=observer,
         histograms=settings.allow_metrics,
         shard=shard,
+        execution_timeout_ms=settings.execution_timeout_ms,
     )
 
 

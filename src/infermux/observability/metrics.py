@@ -107,6 +107,13 @@ INFERMUX = _declare(
         _INSTANCE,
     ),
     Family(
+        "infermux_instance_restarts_total",
+        "counter",
+        "Instances replaced because an execution overran the execution timeout "
+        "(reason=timeout), or process-isolated workers restarted after dying (reason=crash)",
+        (*_INSTANCE, "reason"),
+    ),
+    Family(
         "infermux_model_memory_bytes",
         "gauge",
         "Memory a model version holds, by kind (GPU, CPU, CPU_PINNED), device and component "
@@ -219,6 +226,12 @@ def _model_samples(families: dict[str, Metric], model: LoadedModel) -> None:
     add("infermux_requests_in_flight", model.scheduler.pending)
     for instance, busy in zip(stats.instances, stats.busy_ns, strict=True):
         add("infermux_instance_busy_seconds_total", busy / 1e9, {"instance": instance})
+    crashes = [int(getattr(i, "crashes", 0)) for i in model.instances]
+    for index, instance in enumerate(stats.instances):
+        restarts = {"timeout": stats.timeouts[index]}
+        restarts["crash"] = crashes[index] if index < len(crashes) else 0
+        for cause, count in restarts.items():
+            add("infermux_instance_restarts_total", count, {"instance": instance, "reason": cause})
     memory = by_component(instance_memory(model.instances))
     for (kind, device, component), size in sorted(memory.items()):
         where = {"kind": kind, "device": str(device), "component": component}

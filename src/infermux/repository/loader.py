@@ -13,6 +13,7 @@ from infermux.backends import stacking
 from infermux.backends.base import BackendInstance, ModelContext
 from infermux.backends.outputs import to_output_tensors
 from infermux.backends.registry import BackendRegistry
+from infermux.errors import ModelLoadError
 from infermux.model_config import ModelConfig
 from infermux.repository.placement import ONLY, Placement, Shard, placements
 from infermux.repository.warmup import warm_up
@@ -49,15 +50,17 @@ async def build_version(
     *,
     histograms: bool = False,
     shard: Shard = ONLY,
+    execution_timeout_ms: int = 0,
 ) -> LoadedModel:
     """Create, warm up and schedule the instances of ``version`` that ``shard`` holds (every
     instance with one executor); raises the load error. ``histograms``: keep the latency
-    histograms the metrics publish."""
+    histograms the metrics publish. ``execution_timeout_ms``: the server's bound on one
+    ``execute`` (0: none), which the model's ``execution_timeout_ms`` parameter overrides."""
     backend = registry.get(config)
+    timeout_ms = execution_timeout(config, execution_timeout_ms)
     mine = placements(config, shard)
-    instances = await asyncio.to_thread(
-        _create_instances, backend.load, config, path, version, mine
-    )
+    makers = [functools.partial(_create_one, backend.load, config, path, version, p) for p in mine]
+    instances = await asyncio.to_thread(_create_instances, makers)
     uses = instance_memory(instances)
     if uses:
         logger.info("model '%s' version %d memory: %s", config.name, version, describe(uses))
@@ -76,31 +79,60 @@ async def build_version(
         max_batch_size=config.max_batch_size,
         compatible=stacking.compatible if backend.stacks_inputs else None,
         stats=stats,
+        execution_timeout_s=timeout_ms / 1000 if timeout_ms else None,
+        reloads=makers,
     )
     device_inputs = bool(getattr(backend, "accepts_device_inputs", False))
     return LoadedModel(config, version, scheduler, stats, device_inputs, instances)
 
 
-def _create_instances(
+EXECUTION_TIMEOUT_PARAMETER = "execution_timeout_ms"
+
+
+def execution_timeout(config: ModelConfig, default_ms: int) -> int:
+    """The model's bound on one ``execute`` in ms (0: none): its ``execution_timeout_ms``
+    parameter, else the server's ``--execution-timeout-ms``. Raises ModelLoadError naming the
+    parameter when it is not a whole number of milliseconds."""
+    raw = config.parameters.get(EXECUTION_TIMEOUT_PARAMETER)
+    if raw is None or raw == "":
+        return default_ms
+    if not raw.strip().isdigit():
+        raise ModelLoadError(
+            f"model '{config.name}': parameters.{EXECUTION_TIMEOUT_PARAMETER} must be a "
+            f"whole number of milliseconds (0: no timeout), got {raw!r}"
+        )
+    return int(raw)
+
+
+def _create_one(
     load: Callable[[ModelContext], BackendInstance],
     config: ModelConfig,
     path: Path,
     version: int,
-    mine: list[Placement],
-) -> list[BackendInstance]:
+    placement: Placement,
+) -> BackendInstance:
+    context = ModelContext(
+        config=config,
+        version=version,
+        model_path=path,
+        version_path=path / str(version),
+        instance_name=placement.name,
+        device=placement.device,
+    )
+    instance = load(context)
+    try:
+        warm_up(config, path, instance)  # READY only after every instance warmed up
+    except BaseException:
+        instance.close()
+        raise
+    return instance
+
+
+def _create_instances(makers: Sequence[Callable[[], BackendInstance]]) -> list[BackendInstance]:
     instances: list[BackendInstance] = []
     try:
-        for placement in mine:
-            context = ModelContext(
-                config=config,
-                version=version,
-                model_path=path,
-                version_path=path / str(version),
-                instance_name=placement.name,
-                device=placement.device,
-            )
-            instances.append(load(context))
-            warm_up(config, path, instances[-1])  # READY only after every instance warmed up
+        for make in makers:
+            instances.append(make())
     except BaseException:
         for instance in instances:
             instance.close()

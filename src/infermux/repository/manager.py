@@ -51,10 +51,12 @@ class ModelRepository:
         observer: LoadObserver | None = None,
         histograms: bool = False,
         shard: Shard = ONLY,
+        execution_timeout_ms: int = 0,
     ) -> None:
         self._shard = shard  # with several executors: which instances this one holds
         self._observer: LoadObserver = observer or Quiet()
         self._histograms = histograms  # metrics on: each version keeps latency histograms
+        self._execution_timeout_ms = execution_timeout_ms  # models' default (0: none)
         self._repositories = list(repositories)
         self._registry = registry
         self._mode = control_mode
@@ -337,6 +339,7 @@ class ModelRepository:
                 version,
                 histograms=self._histograms,
                 shard=self._shard,
+                execution_timeout_ms=self._execution_timeout_ms,
             )
         except InfermuxError as exc:
             return str(exc)

@@ -1,11 +1,12 @@
 """The dynamic batcher: batch formation while instances compute, with Triton's semantics.
 
 Each instance has a worker coroutine and one dedicated thread (backends need not be thread-safe, and
-a blocking ``execute`` must never stall the event loop). Workers pull batches from the model's
-:class:`RequestQueue`. A free worker dispatches at once when ``max_queue_delay_microseconds`` is 0;
-otherwise when the queue holds ``max_batch_size`` rows, when it can form a preferred batch size, or
-when the oldest request has waited the delay. While instances compute, requests collect, so batches
-grow with load without a timer loop.
+a blocking ``execute`` must never stall the event loop); an instance that overruns the model's
+execution timeout fails its batch and is replaced (``scheduling/instances.py``). Workers pull
+batches from the model's :class:`RequestQueue`. A free worker dispatches at once when
+``max_queue_delay_microseconds`` is 0; otherwise when the queue holds ``max_batch_size`` rows,
+when it can form a preferred batch size, or when the oldest request has waited the delay. While
+instances compute, requests collect, so batches grow with load without a timer loop.
 """
 
 from __future__ import annotations
@@ -15,28 +16,19 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 
 from infermux.backends.base import BackendInstance, ExecuteResult, ModelRequest
 from infermux.errors import FailureReason, InfermuxError, InternalError, RejectedError
 from infermux.model_config import DynamicBatchingConfig
 from infermux.observability.tracing import TRACING
 from infermux.scheduling.base import Completion, Finisher
+from infermux.scheduling.instances import ExecutionTimeout, InstanceSlot, Reload
 from infermux.scheduling.queue import TIMED_OUT, Pending, RequestQueue
 from infermux.statistics import ModelStatistics
 
 logger = logging.getLogger(__name__)
 
 Compatible = Callable[[ModelRequest, ModelRequest], bool]
-
-
-def _timed_execute(
-    instance: BackendInstance, requests: list[ModelRequest]
-) -> tuple[Sequence[ExecuteResult], int, int]:
-    # Timed on the instance thread so that compute_infer excludes the hop back to the loop.
-    start = time.perf_counter_ns()
-    results = instance.execute(requests)
-    return results, start, time.perf_counter_ns()
 
 
 class DynamicBatcher:
@@ -46,18 +38,23 @@ class DynamicBatcher:
     policy. ``max_batch_size`` bounds the rows of one batch. ``finish`` turns each request's raw
     result into its outputs right after its batch ran (timed as compute_output). ``compatible``,
     when given, keeps requests that cannot be stacked together out of one batch.
+    ``execution_timeout_s`` bounds one ``execute``; ``reloads`` (one per instance) make the
+    replacement of an instance that overran it. Replacements are written back into
+    ``instances`` (the list the statistics read memory use from).
     """
 
     def __init__(
         self,
         name: str,
-        instances: Sequence[BackendInstance],
+        instances: list[BackendInstance],
         *,
         finish: Finisher,
         batching: DynamicBatchingConfig | None = None,
         max_batch_size: int = 1,
         compatible: Compatible | None = None,
         stats: ModelStatistics | None = None,
+        execution_timeout_s: float | None = None,
+        reloads: Sequence[Reload | None] = (),
     ) -> None:
         if not instances:
             raise ValueError("a scheduler needs at least one instance")
@@ -71,21 +68,27 @@ class DynamicBatcher:
         self._preferred = [p for p in (batching.preferred_batch_sizes if batching else ()) if p]
         self._preserve = bool(batching and batching.preserve_ordering)
         self._tail: asyncio.Future[None] | None = None  # last response gate (preserve_ordering)
-        self._instances = list(instances)
+        self._instances = instances
         self._wakeup = asyncio.Event()
         self._closing = False
         self._in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
-        self._threads = [
-            ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{name}-instance{i}")
-            for i in range(len(self._instances))
+        self._slots = [
+            InstanceSlot(
+                _label(name, stats, i),
+                f"{name}-instance{i}",
+                instance,
+                reload=reloads[i] if i < len(reloads) else None,
+                timeout_s=execution_timeout_s,
+            )
+            for i, instance in enumerate(instances)
         ]
         loop = asyncio.get_running_loop()
         self._loop = loop
         self._workers = [
             loop.create_task(self._work(i), name=f"{name}-worker{i}")
-            for i in range(len(self._instances))
+            for i in range(len(self._slots))
         ]
 
     @property
@@ -150,12 +153,8 @@ class DynamicBatcher:
         for worker in self._workers:
             worker.cancel()
         await asyncio.gather(*self._workers, return_exceptions=True)
-        for instance, thread in zip(self._instances, self._threads, strict=True):
-            try:
-                await self._loop.run_in_executor(thread, instance.close)
-            except Exception:
-                logger.exception("model '%s': closing an instance failed", self._name)
-            thread.shutdown(wait=False)
+        for slot in self._slots:
+            await slot.close()
 
     # -- batch formation --------------------------------------------------------------------------
 
@@ -194,7 +193,7 @@ class DynamicBatcher:
         return max(reachable) if reachable else 0
 
     async def _work(self, index: int) -> None:
-        instance, thread = self._instances[index], self._threads[index]
+        slot = self._slots[index]
         while True:
             batch = await self._next_batch()
             if self._queue:
@@ -202,9 +201,14 @@ class DynamicBatcher:
             dequeued = time.perf_counter_ns()
             requests = [p.request for p in batch]
             try:
-                results, started, ended = await self._loop.run_in_executor(
-                    thread, _timed_execute, instance, requests
-                )
+                results, started, ended = await slot.execute(requests)
+            except ExecutionTimeout as exc:
+                _fail_all(batch, _from_backend(exc))
+                if self._stats is not None:
+                    self._stats.record_timeout(index)
+                await slot.replace(lambda: self._closing)
+                self._instances[index] = slot.instance
+                continue
             except InfermuxError as exc:
                 _fail_all(batch, _from_backend(exc))
                 continue
@@ -264,6 +268,12 @@ class DynamicBatcher:
                     ended_ns=time.perf_counter_ns(),
                     rows=rows,
                 )
+
+
+def _label(name: str, stats: ModelStatistics | None, index: int) -> str:
+    if stats is None or index >= len(stats.instances):
+        return f"model '{name}' instance {index}"
+    return f"model '{stats.name}' version {stats.version} instance '{stats.instances[index]}'"
 
 
 def _from_backend(error: InfermuxError) -> InfermuxError:

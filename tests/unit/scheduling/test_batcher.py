@@ -77,7 +77,7 @@ async def test_single_request_runs_on_the_instance_thread() -> None:
     instance = Recorder()
     batcher = batcher_of([instance], 4)
     assert value_of(await batcher.submit(request(3))) == 6
-    assert instance.threads == {"m-instance0_0"}
+    assert instance.threads == {"m-instance0"}
     await batcher.close()
     assert instance.closed
 
