@@ -14,7 +14,7 @@ import tritonclient.http as httpclient
 
 from infermux.backends.pytorch import PyTorchBackend, PyTorchInstance
 from infermux.repository import load_model_config
-from infermux.repository.loader import _create_instances
+from infermux.repository.loader import _create_instances, instance_makers
 from infermux.repository.placement import placements
 from infermux.runtime import WEIGHTS, total_by_device
 from infermux.runtime.memory import instance_memory
@@ -46,7 +46,8 @@ def test_two_instances_on_each_of_two_gpus(tmp_path: Path) -> None:
     torch.cuda.synchronize(0)
     torch.cuda.synchronize(1)
     before = [torch.cuda.memory_allocated(d) for d in (0, 1)]
-    created = _create_instances(PyTorchBackend().load, config, model_dir, 1, placements(config))
+    makers = instance_makers(PyTorchBackend().load, config, model_dir, 1, placements(config))
+    created = _create_instances(makers)
     instances = [i for i in created if isinstance(i, PyTorchInstance)]
     (cpu,) = load(model_dir, "cpu", 1)
     try:

@@ -59,7 +59,7 @@ async def build_version(
     backend = registry.get(config)
     timeout_ms = execution_timeout(config, execution_timeout_ms)
     mine = placements(config, shard)
-    makers = [functools.partial(_create_one, backend.load, config, path, version, p) for p in mine]
+    makers = instance_makers(backend.load, config, path, version, mine)
     instances = await asyncio.to_thread(_create_instances, makers)
     uses = instance_memory(instances)
     if uses:
@@ -81,6 +81,7 @@ async def build_version(
         stats=stats,
         execution_timeout_s=timeout_ms / 1000 if timeout_ms else None,
         reloads=makers,
+        replaced=instances.__setitem__,  # the memory reading above sees replacements
     )
     device_inputs = bool(getattr(backend, "accepts_device_inputs", False))
     return LoadedModel(config, version, scheduler, stats, device_inputs, instances)
@@ -102,6 +103,18 @@ def execution_timeout(config: ModelConfig, default_ms: int) -> int:
             f"whole number of milliseconds (0: no timeout), got {raw!r}"
         )
     return int(raw)
+
+
+def instance_makers(
+    load: Callable[[ModelContext], BackendInstance],
+    config: ModelConfig,
+    path: Path,
+    version: int,
+    mine: Sequence[Placement],
+) -> list[Callable[[], BackendInstance]]:
+    """One blocking maker per placement: loads and warms up that instance (again, to replace
+    one that overran the execution timeout)."""
+    return [functools.partial(_create_one, load, config, path, version, p) for p in mine]
 
 
 def _create_one(

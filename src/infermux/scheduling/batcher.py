@@ -39,14 +39,13 @@ class DynamicBatcher:
     result into its outputs right after its batch ran (timed as compute_output). ``compatible``,
     when given, keeps requests that cannot be stacked together out of one batch.
     ``execution_timeout_s`` bounds one ``execute``; ``reloads`` (one per instance) make the
-    replacement of an instance that overran it. Replacements are written back into
-    ``instances`` (the list the statistics read memory use from).
+    replacement of an instance that overran it, and ``replaced(index, instance)`` is told.
     """
 
     def __init__(
         self,
         name: str,
-        instances: list[BackendInstance],
+        instances: Sequence[BackendInstance],
         *,
         finish: Finisher,
         batching: DynamicBatchingConfig | None = None,
@@ -55,6 +54,7 @@ class DynamicBatcher:
         stats: ModelStatistics | None = None,
         execution_timeout_s: float | None = None,
         reloads: Sequence[Reload | None] = (),
+        replaced: Callable[[int, BackendInstance], None] | None = None,
     ) -> None:
         if not instances:
             raise ValueError("a scheduler needs at least one instance")
@@ -68,7 +68,7 @@ class DynamicBatcher:
         self._preferred = [p for p in (batching.preferred_batch_sizes if batching else ()) if p]
         self._preserve = bool(batching and batching.preserve_ordering)
         self._tail: asyncio.Future[None] | None = None  # last response gate (preserve_ordering)
-        self._instances = instances
+        self._replaced = replaced
         self._wakeup = asyncio.Event()
         self._closing = False
         self._in_flight = 0
@@ -207,7 +207,8 @@ class DynamicBatcher:
                 if self._stats is not None:
                     self._stats.record_timeout(index)
                 await slot.replace(lambda: self._closing)
-                self._instances[index] = slot.instance
+                if self._replaced is not None:
+                    self._replaced(index, slot.instance)
                 continue
             except InfermuxError as exc:
                 _fail_all(batch, _from_backend(exc))

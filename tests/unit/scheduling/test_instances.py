@@ -65,7 +65,13 @@ async def test_an_overrun_fails_the_batch_and_a_fresh_instance_takes_over() -> N
     stats = ModelStatistics("m", 1, instances=["m_0"])
     loaded: list[BackendInstance] = [first]
     batcher = DynamicBatcher(
-        "m", loaded, finish=finish, stats=stats, execution_timeout_s=0.2, reloads=[reload]
+        "m",
+        loaded,
+        finish=finish,
+        stats=stats,
+        execution_timeout_s=0.2,
+        reloads=[reload],
+        replaced=loaded.__setitem__,
     )
     with pytest.raises(UnavailableError, match=r"model 'm' version 1 instance 'm_0' did not fin"):
         await batcher.submit(request(1))
