@@ -13,6 +13,8 @@ from typing import Any
 
 DEFAULT_MAX_INPUT_SIZE = 64 * 1024 * 1024  # tritonserver's --http-max-input-size default
 DEFAULT_GRPC_MAX_MESSAGE_SIZE = 2**31 - 1  # as tritonserver and tritonclient: effectively no cap
+DEFAULT_MAX_INPUT_ELEMENTS = 2**30  # per input: 4 GiB of FP32
+DEFAULT_MAX_BYTES_ELEMENT_SIZE = 2**28  # one BYTES element: 256 MiB
 DISABLED_PORT = -1  # a front end with this port listens on its unix socket only
 MAX_FRONTENDS = 64
 MAX_EXECUTORS = 16
@@ -171,6 +173,8 @@ class ServerSettings:
     auth_token_file: Path | None = None
     admin_token_file: Path | None = None
     max_shm_regions: int = 256
+    max_input_elements: int = DEFAULT_MAX_INPUT_ELEMENTS
+    max_bytes_element_size: int = DEFAULT_MAX_BYTES_ELEMENT_SIZE
     grpc_uds: Path | None = None
     grpc_max_message_size: int = DEFAULT_GRPC_MAX_MESSAGE_SIZE
     frontends: int = 1

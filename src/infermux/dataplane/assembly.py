@@ -10,6 +10,7 @@ from infermux.settings import ServerSettings
 from infermux.types import ServerMetadata
 
 from .cuda_shared_memory import CudaSharedMemoryRegistry
+from .inputs import InputLimits
 from .plane import SERVER_NAME, DataPlane
 from .shared_memory import SharedMemoryRegistry
 
@@ -62,4 +63,5 @@ def build_dataplane(settings: ServerSettings, repository: ModelRepository) -> Da
         cuda_shared_memory=CudaSharedMemoryRegistry(
             enabled=settings.allow_client_shm, max_regions=settings.max_shm_regions
         ),
+        limits=InputLimits(settings.max_input_elements, settings.max_bytes_element_size),
     )

@@ -6,7 +6,9 @@ the tensor and what was expected.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -14,13 +16,25 @@ import numpy.typing as npt
 from infermux.backends.base import ModelRequest
 from infermux.errors import InvalidArgumentError
 from infermux.model_config import ModelConfig, TensorConfig
-from infermux.types import DeviceArray, InferRequest
+from infermux.settings import DEFAULT_MAX_BYTES_ELEMENT_SIZE, DEFAULT_MAX_INPUT_ELEMENTS
+from infermux.types import DeviceArray, InferRequest, Tensor
+
+
+@dataclass(frozen=True, slots=True)
+class InputLimits:
+    """What one input may hold, whatever the transport (``--max-input-elements``,
+    ``--max-bytes-element-size``): request bodies and gRPC messages are bounded by their own
+    flags, but an input read from a shared-memory region is bounded only by these."""
+
+    max_elements: int = DEFAULT_MAX_INPUT_ELEMENTS
+    max_bytes_element_size: int = DEFAULT_MAX_BYTES_ELEMENT_SIZE
 
 
 def to_model_request(
     config: ModelConfig,
     request: InferRequest,
     device: Mapping[str, DeviceArray] | None = None,
+    limits: InputLimits = InputLimits(),
 ) -> ModelRequest:
     """Validate ``request`` for ``config`` and produce what the model's ``execute`` receives.
 
@@ -46,6 +60,7 @@ def to_model_request(
                 f"but model '{model}' expects '{spec.datatype}'"
             )
         _check_shape(config, spec, tensor.shape)
+        _check_limits(model, tensor, limits)
         if config.batching:
             if batch is None:
                 batch = tensor.shape[0]
@@ -86,6 +101,23 @@ def to_model_request(
         wanted.append(output.name)
     requested = tuple(wanted) if wanted else tuple(t.name for t in config.outputs)
     return ModelRequest(inputs, requested, dict(request.parameters), request.id, on_device)
+
+
+def _check_limits(model: str, tensor: Tensor, limits: InputLimits) -> None:
+    elements = math.prod(tensor.shape)
+    if elements > limits.max_elements:
+        raise InvalidArgumentError(
+            f"input '{tensor.name}' for model '{model}' has {elements} elements; this server "
+            f"accepts at most {limits.max_elements} per input (--max-input-elements)"
+        )
+    if tensor.datatype == "BYTES" and isinstance(tensor.data, np.ndarray) and elements:
+        longest = max(map(len, tensor.data.reshape(-1).tolist()))
+        if longest > limits.max_bytes_element_size:
+            raise InvalidArgumentError(
+                f"input '{tensor.name}' for model '{model}' has a BYTES element of {longest} "
+                f"bytes; this server accepts at most {limits.max_bytes_element_size} "
+                "(--max-bytes-element-size)"
+            )
 
 
 def _check_shape(config: ModelConfig, spec: TensorConfig, shape: tuple[int, ...]) -> None:

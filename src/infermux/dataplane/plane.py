@@ -39,7 +39,7 @@ from infermux.types import (
 )
 
 from .cuda_shared_memory import CudaSharedMemoryRegistry
-from .inputs import to_model_request
+from .inputs import InputLimits, to_model_request
 from .shared_memory import SharedMemoryRegistry
 
 logger = logging.getLogger(__name__)
@@ -61,8 +61,10 @@ class DataPlane:
         shared_memory: SharedMemoryRegistry | None = None,
         cuda_shared_memory: CudaSharedMemoryRegistry | None = None,
         router: Router | None = None,
+        limits: InputLimits | None = None,
     ) -> None:
         self._repository = repository
+        self._limits = limits or InputLimits()
         self.router = router or Router(repository)
         self._shadows = ShadowRuns()
         self._shm = shared_memory or SharedMemoryRegistry(enabled=False)
@@ -143,7 +145,7 @@ class DataPlane:
                         tensor.data = data
                 else:
                     tensor.data = self._shm.read(tensor)
-            model_request = to_model_request(model.config, request, device)
+            model_request = to_model_request(model.config, request, device, self._limits)
             if TRACING.tracer is not None:
                 TRACING.annotate_request(model_request.batch_size)
             mirror = self.router.shadow(model, policy)

@@ -1,0 +1,393 @@
+"""The ``infermux serve`` flags (``tritonserver``'s names) and their parsing into settings."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+from infermux.settings import (
+    DEFAULT_GRPC_MAX_MESSAGE_SIZE,
+    DEFAULT_IPC_ARENA_MB,
+    DEFAULT_MAX_BYTES_ELEMENT_SIZE,
+    DEFAULT_MAX_INPUT_ELEMENTS,
+    DEFAULT_MAX_INPUT_SIZE,
+    DEFAULT_TRACE_URL,
+    DISABLED_PORT,
+    MAX_EXECUTORS,
+    MAX_FRONTENDS,
+    ServerSettings,
+    auto_frontends,
+    builtin_repositories,
+    builtin_repository,
+    parse_trace_config,
+)
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        # One line, as the CLI contract promises; the full usage is one --help away.
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _bool(value: str) -> bool:
+    lowered = value.strip().lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got '{value}'")
+
+
+def _port(value: str) -> int:
+    try:
+        port = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{value}' is not a port number") from None
+    if port != DISABLED_PORT and not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"port {port} is outside 0-65535 (or -1: no TCP)")
+    return port
+
+
+def _positive(kind: type[int] | type[float]) -> Any:
+    def parse(value: str) -> int | float:
+        try:
+            number = kind(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"'{value}' is not a {kind.__name__}") from None
+        if number <= 0:
+            raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+        return number
+
+    return parse
+
+
+def _non_negative_int(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{value}' is not an integer") from None
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return number
+
+
+def _count_or_auto(limit: int, auto: Callable[[], int]) -> Callable[[str], int]:
+    """An argparse type for ``N|auto``: 1 to ``limit``, or what ``auto`` says."""
+
+    def parse(value: str) -> int:
+        if value.strip().lower() == "auto":
+            return auto()
+        try:
+            number = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected a number or 'auto', got '{value}'"
+            ) from None
+        if not 1 <= number <= limit:
+            raise argparse.ArgumentTypeError(f"must be 1-{limit}, got {value}")
+        return number
+
+    return parse
+
+
+def auto_executors(environ: dict[str, str] | None = None) -> int:
+    """Executor processes for ``--executors auto``: one per visible GPU (NVML's count, or the
+    ``CUDA_VISIBLE_DEVICES`` list when set), at most :data:`MAX_EXECUTORS`; one without GPUs
+    or off x86-64 (several executors need the shared-memory ring)."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return 1
+    visible = (os.environ if environ is None else environ).get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        count = len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
+    else:
+        from infermux.runtime.nvml import NVML
+
+        count = len(NVML.read()) if NVML.available else 0
+    return max(1, min(MAX_EXECUTORS, count))
+
+
+# --frontends auto is resolved in parse_settings, which knows --ipc-arena-mb (0 stands for it).
+_frontends = _count_or_auto(MAX_FRONTENDS, lambda: 0)
+_executors = _count_or_auto(MAX_EXECUTORS, auto_executors)
+
+
+SERVE_HELP = "serve a model repository over the KServe V2 protocol"
+
+
+def build_serve_parser() -> argparse.ArgumentParser:
+    """The ``infermux serve`` parser on its own."""
+    return add_serve_arguments(Parser(prog="infermux serve", description=SERVE_HELP))
+
+
+def add_serve_arguments(serve: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    serve.epilog = (
+        f"Without --model-repository, serves the built-in examples ({builtin_repository()})."
+    )
+    serve.add_argument(
+        "--model-repository",
+        action="append",
+        type=Path,
+        metavar="DIR",
+        help="model repository directory (repeatable); default: the built-in examples",
+    )
+    serve.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to bind (default 127.0.0.1: local only; use 0.0.0.0 to expose)",
+    )
+    serve.add_argument(
+        "--http-port", type=_port, default=8000, help="HTTP port (default 8000; 0: any; -1: none)"
+    )
+    serve.add_argument(
+        "--grpc-port", type=_port, default=8001, help="gRPC port (default 8001; 0: any; -1: none)"
+    )
+    serve.add_argument(
+        "--http-uds", type=Path, metavar="PATH", help="also serve HTTP on this unix socket"
+    )
+    serve.add_argument(
+        "--grpc-uds", type=Path, metavar="PATH", help="also serve gRPC on this unix socket"
+    )
+    serve.add_argument(
+        "--tls-cert",
+        type=Path,
+        metavar="PEM",
+        help="serve HTTPS and gRPC over TLS with this certificate (chain); needs --tls-key",
+    )
+    serve.add_argument(
+        "--tls-key", type=Path, metavar="PEM", help="the unencrypted private key of --tls-cert"
+    )
+    serve.add_argument(
+        "--auth-token-file",
+        type=Path,
+        metavar="FILE",
+        help="require 'Authorization: Bearer <token in FILE>' (HTTP header or gRPC metadata) "
+        "for every endpoint but health; admin endpoints are then refused unless "
+        "--admin-token-file is given too",
+    )
+    serve.add_argument(
+        "--admin-token-file",
+        type=Path,
+        metavar="FILE",
+        help="require this token for admin endpoints (model load/unload, shared-memory "
+        "registration, traffic policy changes)",
+    )
+    serve.add_argument(
+        "--max-shm-regions",
+        type=_positive(int),
+        default=256,
+        metavar="N",
+        help="client shared-memory regions registered at once, system and CUDA each (default 256)",
+    )
+    serve.add_argument(
+        "--max-input-elements",
+        type=_positive(int),
+        default=DEFAULT_MAX_INPUT_ELEMENTS,
+        metavar="N",
+        help=f"elements one input tensor may hold, whatever the transport (default "
+        f"{DEFAULT_MAX_INPUT_ELEMENTS})",
+    )
+    serve.add_argument(
+        "--max-bytes-element-size",
+        type=_positive(int),
+        default=DEFAULT_MAX_BYTES_ELEMENT_SIZE,
+        metavar="BYTES",
+        help=f"largest element of a BYTES input (default {DEFAULT_MAX_BYTES_ELEMENT_SIZE})",
+    )
+    _add_bool(serve, "--allow-http", True, "serve the HTTP front end")
+    _add_bool(serve, "--allow-grpc", True, "serve the gRPC front end")
+    serve.add_argument(
+        "--grpc-max-message-size",
+        type=_positive(int),
+        default=DEFAULT_GRPC_MAX_MESSAGE_SIZE,
+        metavar="BYTES",
+        help="largest gRPC message sent or received (default 2 GiB - 1)",
+    )
+    serve.add_argument(
+        "--metrics-port",
+        type=_port,
+        default=8002,
+        help="Prometheus metrics port, at /metrics (default 8002; 0: any; -1: none)",
+    )
+    _add_bool(serve, "--allow-metrics", True, "serve Prometheus metrics")
+    _add_bool(serve, "--allow-gpu-metrics", True, "include GPU utilisation, memory and power")
+    serve.add_argument(
+        "--trace-config",
+        action="append",
+        default=[],
+        metavar="[MODE,]SETTING=VALUE",
+        help="OpenTelemetry tracing, as tritonserver's: mode=opentelemetry turns it on; "
+        "rate=N traces 1 request in N (default 1000); opentelemetry,url=URL is the OTLP/HTTP "
+        f"endpoint (default {DEFAULT_TRACE_URL}); opentelemetry,resource=KEY=VALUE; "
+        "level=OFF|TIMESTAMPS (repeatable)",
+    )
+    serve.add_argument(
+        "--model-control-mode",
+        choices=("none", "poll", "explicit"),
+        default="none",
+        help="none: load all at start; poll: also reload on change; explicit: load via API",
+    )
+    serve.add_argument(
+        "--repository-poll-secs",
+        type=_positive(float),
+        default=15.0,
+        metavar="SECONDS",
+        help="poll interval in poll mode (default 15)",
+    )
+    serve.add_argument(
+        "--load-model",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="in explicit mode, model to load at startup (repeatable; '*' loads all)",
+    )
+    _add_bool(serve, "--strict-readiness", True, "ready only when every model is ready")
+    _add_bool(serve, "--allow-client-shm", False, "allow clients to register shared memory")
+    serve.add_argument(
+        "--log-verbose",
+        type=_non_negative_int,
+        nargs="?",
+        const=1,
+        default=0,
+        metavar="LEVEL",
+        help="verbose logging level (0 = off; 1: debug, failed requests; 2: every request)",
+    )
+    serve.add_argument(
+        "--log-format",
+        choices=("default", "ISO8601", "json"),
+        default="default",
+        help="log lines as text (default), text with ISO 8601 times, or JSON objects",
+    )
+    serve.add_argument(
+        "--http-max-input-size",
+        type=_positive(int),
+        default=DEFAULT_MAX_INPUT_SIZE,
+        metavar="BYTES",
+        help=f"largest HTTP request body accepted (default {DEFAULT_MAX_INPUT_SIZE})",
+    )
+    serve.add_argument(
+        "--frontends",
+        type=_frontends,
+        default=0,
+        metavar="N|auto",
+        help="front-end processes (default auto: 1 below 8 cores, else one per 4 cores up to "
+        "8, as /dev/shm allows); 1 runs everything in one process, N > 1 runs N front ends "
+        "and one executor",
+    )
+    serve.add_argument(
+        "--executors",
+        type=_executors,
+        default=1,
+        metavar="N|auto",
+        help="executor processes (default 1; auto: one per visible GPU). Each holds the "
+        "instances of its GPUs (GPU g: executor g %% N) and every N-th CPU instance, with its "
+        "own GIL; N > 1 runs the front ends in processes of their own too",
+    )
+    serve.add_argument(
+        "--ipc-arena-mb",
+        type=_positive(int),
+        default=DEFAULT_IPC_ARENA_MB,
+        metavar="MIB",
+        help="with --frontends > 1: shared memory per front end for tensors in flight, each "
+        "way (default 256)",
+    )
+    serve.add_argument(
+        "--exit-timeout-secs",
+        type=_positive(int),
+        default=30,
+        metavar="SECONDS",
+        help="how long shutdown waits for in-flight requests (default 30)",
+    )
+    serve.add_argument(
+        "--execution-timeout-ms",
+        type=_non_negative_int,
+        default=0,
+        metavar="MS",
+        help="bound on one model execution (default 0: none; a model's execution_timeout_ms "
+        "parameter overrides it); an instance that overruns fails its batch with 503 and is "
+        "replaced",
+    )
+    return serve
+
+
+def _add_bool(parser: argparse.ArgumentParser, flag: str, default: bool, help: str) -> None:
+    # tritonserver's boolean flags take a value (--flag=false); a bare --flag means true.
+    parser.add_argument(
+        flag,
+        type=_bool,
+        nargs="?",
+        const=True,
+        default=default,
+        metavar="BOOL",
+        help=f"{help} (default {str(default).lower()})",
+    )
+
+
+def parse_settings(argv: Sequence[str]) -> ServerSettings:
+    """Parse ``serve`` flags into settings; invalid combinations exit 2 with one line."""
+    serve_parser = build_serve_parser()
+    args = serve_parser.parse_args(argv)
+    if args.load_model and args.model_control_mode != "explicit":
+        serve_parser.error("--load-model requires --model-control-mode=explicit")
+    if (args.tls_cert is None) != (args.tls_key is None):
+        serve_parser.error("--tls-cert and --tls-key go together: a certificate and its key")
+    ports = [p for p in (args.http_port, args.grpc_port, args.metrics_port) if p > 0]
+    if len(ports) != len(set(ports)):
+        serve_parser.error("--http-port, --grpc-port and --metrics-port must differ")
+    for front, port, uds in (
+        ("http", args.http_port, args.http_uds),
+        ("grpc", args.grpc_port, args.grpc_uds),
+    ):
+        if port == DISABLED_PORT and uds is None:
+            serve_parser.error(f"--{front}-port -1 needs --{front}-uds (nothing to listen on)")
+    if args.http_uds is not None and args.http_uds == args.grpc_uds:
+        serve_parser.error("--http-uds and --grpc-uds must differ")
+    try:
+        trace = parse_trace_config(args.trace_config)
+    except ValueError as exc:
+        serve_parser.error(f"--trace-config {exc}")
+    repositories = tuple(args.model_repository or builtin_repositories())
+    for repo in repositories:
+        if not repo.is_dir():
+            serve_parser.error(f"--model-repository {repo}: not a directory")
+    return ServerSettings(
+        model_repositories=repositories,
+        host=args.host,
+        http_port=args.http_port,
+        grpc_port=args.grpc_port,
+        metrics_port=args.metrics_port,
+        model_control_mode=args.model_control_mode,
+        repository_poll_secs=args.repository_poll_secs,
+        load_models=tuple(args.load_model),
+        strict_readiness=args.strict_readiness,
+        allow_client_shm=args.allow_client_shm,
+        log_verbose=args.log_verbose,
+        log_format=args.log_format,
+        allow_metrics=args.allow_metrics,
+        allow_gpu_metrics=args.allow_gpu_metrics,
+        trace=trace,
+        http_max_input_size=args.http_max_input_size,
+        exit_timeout_secs=args.exit_timeout_secs,
+        execution_timeout_ms=args.execution_timeout_ms,
+        allow_http=args.allow_http,
+        allow_grpc=args.allow_grpc,
+        http_uds=args.http_uds,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        auth_token_file=args.auth_token_file,
+        admin_token_file=args.admin_token_file,
+        max_shm_regions=args.max_shm_regions,
+        max_input_elements=args.max_input_elements,
+        max_bytes_element_size=args.max_bytes_element_size,
+        grpc_uds=args.grpc_uds,
+        grpc_max_message_size=args.grpc_max_message_size,
+        frontends=args.frontends or auto_frontends(ipc_arena_mb=args.ipc_arena_mb),
+        executors=args.executors,
+        ipc_arena_mb=args.ipc_arena_mb,
+    )
