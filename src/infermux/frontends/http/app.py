@@ -13,6 +13,7 @@ import binascii
 import logging
 import re
 from collections.abc import Awaitable, Callable
+from importlib import resources
 from typing import Any
 
 from infermux.dataplane import Operations
@@ -35,6 +36,9 @@ from infermux.tensor_bytes import count_bytes_elements
 from infermux.types import InferRequest, element_size
 
 logger = logging.getLogger(__name__)
+
+# The committed description of every route below (tests keep the two in step), served as is.
+OPENAPI_DOCUMENT = (resources.files("infermux.frontends.http") / "openapi.json").read_bytes()
 
 HEADER_LENGTH = "inference-header-content-length"
 DEFAULT_MAX_BODY = 64 * 1024 * 1024
@@ -74,6 +78,7 @@ class HttpApp:
         # Order matters: "/v2/models/stats" must win over a model named "stats".
         self._routes: list[tuple[re.Pattern[str], Handler, Classify]] = [
             (re.compile(r"^/v2/health/(live|ready)$"), self._health, _always(Kind.HEALTH)),
+            (re.compile(r"^/openapi\.json$"), self._openapi, _always(Kind.HEALTH)),
             (re.compile(r"^/v2/?$"), self._server_metadata, inference),
             (re.compile(r"^/v2/models/stats$"), self._all_statistics, inference),
             (traffic.PATTERN, self._traffic, _changes_traffic),
@@ -105,6 +110,11 @@ class HttpApp:
                 _registers,
             ),
         ]
+
+    @property
+    def route_patterns(self) -> list[re.Pattern[str]]:
+        """Every path this app serves (``openapi.json`` must describe each; a test checks)."""
+        return [pattern for pattern, _, _ in self._routes]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":  # lifespan and websocket are not served
@@ -138,6 +148,10 @@ class HttpApp:
         request.allow("GET")
         ok = self._dp.live() if match.group(1) == "live" else await self._dp.ready()
         return Reply(200 if ok else 400)
+
+    async def _openapi(self, request: Request, match: re.Match[str]) -> Reply:
+        request.allow("GET")
+        return Reply(200, OPENAPI_DOCUMENT, [JSON_TYPE], compressible=True)
 
     async def _server_metadata(self, request: Request, match: re.Match[str]) -> Reply:
         request.allow("GET")
@@ -290,7 +304,7 @@ class HttpApp:
             raise InvalidArgumentError("field 'raw_handle' must be an object {\"b64\": string}")
         try:
             raw = base64.b64decode(encoded, validate=True)
-        except binascii.Error:
+        except (binascii.Error, ValueError):  # ValueError: characters outside ASCII
             raise InvalidArgumentError("field 'raw_handle.b64' is not valid base64") from None
         device_id, byte_size = _integer(doc, "device_id", 0), _integer(doc, "byte_size", None)
         await self._dp.cuda_shm_register(region, raw, device_id, byte_size)

@@ -211,6 +211,7 @@ async def test_cuda_shared_memory_is_off_by_default(client: httpx.AsyncClient) -
         ({"device_id": 0, "byte_size": 8}, "field 'raw_handle' must be an object"),
         ({"raw_handle": "abc", "byte_size": 8}, "field 'raw_handle' must be an object"),
         ({"raw_handle": {"b64": "!!"}, "byte_size": 8}, "'raw_handle.b64' is not valid base64"),
+        ({"raw_handle": {"b64": "\u00e9"}, "byte_size": 8}, "'raw_handle.b64' is not valid base64"),
         ({"raw_handle": {"b64": "AAAA"}, "device_id": "0", "byte_size": 8}, "'device_id'"),
         ({"raw_handle": {"b64": "AAAA"}}, "field 'byte_size' must be an integer"),
     ],
