@@ -305,6 +305,15 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> argparse.ArgumentPars
         help="how long shutdown waits for in-flight requests (default 30)",
     )
     serve.add_argument(
+        "--ray",
+        dest="ray_address",
+        default="",
+        metavar="ADDRESS",
+        help="serve the models as Ray Serve deployments on the Ray cluster at ADDRESS (auto, "
+        "HOST:PORT) with this process's HTTP/gRPC front ends as the ingress; needs "
+        "pip install 'infermux[ray]' (docs/scale-out.md)",
+    )
+    serve.add_argument(
         "--execution-timeout-ms",
         type=_non_negative_int,
         default=0,
@@ -375,6 +384,7 @@ def parse_settings(argv: Sequence[str]) -> ServerSettings:
         http_max_input_size=args.http_max_input_size,
         exit_timeout_secs=args.exit_timeout_secs,
         execution_timeout_ms=args.execution_timeout_ms,
+        ray_address=args.ray_address,
         allow_http=args.allow_http,
         allow_grpc=args.allow_grpc,
         http_uds=args.http_uds,

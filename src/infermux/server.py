@@ -110,11 +110,15 @@ class _Stoppable(Protocol):
 async def serve(settings: ServerSettings) -> None:
     """Run a server (in this process, or supervising front-end and executor processes) with
     SIGINT/SIGTERM wired to a graceful shutdown."""
-    server: _Stoppable = (
-        Supervisor(settings)
-        if settings.frontends > 1 or settings.executors > 1
-        else InfermuxServer(settings)
-    )
+    server: _Stoppable
+    if settings.ray_address:
+        from infermux.ray.ingress import RayServer  # Ray is an optional extra
+
+        server = RayServer(settings)
+    elif settings.frontends > 1 or settings.executors > 1:
+        server = Supervisor(settings)
+    else:
+        server = InfermuxServer(settings)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):  # not on Windows

@@ -182,3 +182,6 @@ class ServerSettings:
     """Executor processes (``--executors``); more than one runs the supervisor even with one
     front end, and places instances by device (``repository/placement.py``)."""
     ipc_arena_mb: int = DEFAULT_IPC_ARENA_MB
+    ray_address: str = ""
+    """``--ray``: serve the models on this Ray cluster (``auto``, ``HOST:PORT``, ``ray://...``)
+    with this process's front ends as the ingress (``infermux.ray``)."""

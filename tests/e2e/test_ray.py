@@ -1,0 +1,230 @@
+"""``infermux serve --ray``: a local Ray cluster of two nodes on this machine (``ray start --head``
+plus a second node with its own resources), infermux's front ends as the ingress, black-box with
+tritonclient.
+
+``who`` answers the pid of the replica that ran it (two replicas of one CPU; two per node fit,
+so that a rolling update has room for the new replicas beside the old);
+``slow`` sleeps, with one replica taking one request at a time and one more queued, to see Ray's
+backpressure as 503. Skipped, with the reason, where Ray is not installed or cannot start.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from tests.support import ServerProcess, start_server, write_model
+
+pytest.importorskip("ray.serve", reason="Ray is an optional extra (pip install 'infermux[ray]')")
+
+WHO_MODEL = """
+import os
+import time
+from typing import Any
+
+import numpy as np
+
+
+class Model:
+    def execute(self, requests: list[Any]) -> list[Any]:
+        time.sleep(float(requests[0].inputs["INPUT0"].reshape(-1)[0]))
+        pid = os.getpid()
+        return [{"OUTPUT0": np.full(r.inputs["INPUT0"].shape, pid, np.int64)} for r in requests]
+"""
+
+
+def parameter(key: str, value: str) -> str:
+    return f'parameters {{ key: "{key}" value: {{ string_value: "{value}" }} }}\n'
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def ray_cli() -> str:
+    beside = Path(sys.executable).parent / "ray"  # the venv's, even when it is not on PATH
+    return str(beside) if beside.exists() else shutil.which("ray") or "ray"
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    port = free_port()
+    temp = tmp_path_factory.mktemp("ray")
+    # A token of this test's own (Ray enables token auth when ~/.ray/auth_token exists); every
+    # process of the cluster, and infermux's ingress, read it from the environment.
+    auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in {**auth, "RAY_USAGE_STATS_ENABLED": "0"}.items():
+            patch.setenv(name, value)
+        common = ["--num-cpus=2", "--disable-usage-stats"]  # logical CPUs: room for a roll
+
+        def start(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [ray_cli(), "start", *args, *common], capture_output=True, text=True,
+                timeout=180, check=False,
+            )  # fmt: skip
+
+        head = start("--head", f"--port={port}", "--include-dashboard=false",
+                     f"--temp-dir={temp}", '--resources={"node_a": 1}')  # fmt: skip
+        if head.returncode != 0:
+            pytest.skip(f"Ray cannot start here: {head.stderr[-800:]}")
+        address = f"127.0.0.1:{port}"
+        try:
+            second = start(f"--address={address}", '--resources={"node_b": 1}')
+            if second.returncode != 0:
+                pytest.skip(f"a second Ray node cannot start here: {second.stderr[-800:]}")
+            yield address
+        finally:
+            subprocess.run([ray_cli(), "stop", "--force"], capture_output=True, check=False)
+
+
+@pytest.fixture(scope="module")
+def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    repo = tmp_path_factory.mktemp("ray-repo")
+    one = functools.partial(
+        write_model, datatype="FP32", dims="[ 1 ]", max_batch_size=0, source=WHO_MODEL
+    )
+    one(repo, "who", extra=parameter("ray_num_replicas", "2") + parameter("ray_num_cpus", "1"))
+    slow = parameter("ray_num_cpus", "0") + parameter("ray_max_ongoing_requests", "1")
+    one(repo, "slow", extra=slow + parameter("ray_max_queued_requests", "1"))
+    return repo
+
+
+@pytest.fixture(scope="module")
+def server(cluster: str, repository: Path) -> Iterator[ServerProcess]:
+    with start_server(
+        "--model-repository", str(repository), "--ray", cluster,
+        "--model-control-mode=explicit", "--load-model=*", timeout=300,
+    ) as server:  # fmt: skip
+        yield server
+        assert server.stop() == 0
+
+
+def who(
+    server: ServerProcess, key: str | None = None, sleep: float = 0.0, model: str = "who"
+) -> int:
+    client = httpclient.InferenceServerClient(server.url, network_timeout=120)
+    tensor = httpclient.InferInput("INPUT0", [1], "FP32")
+    tensor.set_data_from_numpy(np.array([sleep], np.float32))
+    parameters = {"routing_key": key} if key is not None else None
+    result = client.infer(model, [tensor], parameters=parameters)
+    return int(result.as_numpy("OUTPUT0")[0])
+
+
+def test_two_replicas_on_two_nodes_both_serve(server: ServerProcess) -> None:
+    client = httpclient.InferenceServerClient(server.url)
+    assert client.is_server_ready()
+    assert client.is_model_ready("who")
+    assert client.get_model_metadata("who")["inputs"][0]["name"] == "INPUT0"
+    with ThreadPoolExecutor(4) as pool:
+        pids = set(pool.map(lambda _: who(server, sleep=0.01), range(60)))
+    assert len(pids) == 2
+
+
+def test_a_routing_key_sticks_to_one_replica(server: ServerProcess) -> None:
+    homes = {}
+    for key in (f"user-{i}" for i in range(12)):
+        answers = {who(server, key) for _ in range(5)}
+        assert len(answers) == 1, f"{key} was served by {answers}"
+        homes[key] = answers.pop()
+    assert len(set(homes.values())) == 2  # and the keys spread over both replicas
+
+
+def test_a_full_replica_queue_is_503(server: ServerProcess) -> None:
+    def call(_: int) -> tuple[str, str]:
+        try:
+            who(server, sleep=1.0, model="slow")
+        except InferenceServerException as exc:
+            return str(exc.status()), str(exc.message())
+        return "200", ""
+
+    with ThreadPoolExecutor(6) as pool:
+        outcomes = list(pool.map(call, range(6)))
+    statuses = [status for status, _ in outcomes]
+    assert "200" in statuses  # the replica's one slot (and its one queue place, when in time)
+    assert "503" in statuses
+    assert set(statuses) <= {"200", "503"}
+    assert all("ray_max_queued_requests" in m for s, m in outcomes if s == "503")
+
+
+def test_killing_a_replica_mid_load_fails_at_most_its_in_flight(server: ServerProcess) -> None:
+    stop = threading.Event()
+    ok: list[int] = []
+    failed: list[str] = []
+
+    def load() -> None:
+        while not stop.is_set():
+            try:
+                ok.append(who(server, sleep=0.02))
+            except InferenceServerException as exc:
+                failed.append(f"{exc.status()} {exc.message()}")
+
+    threads = [threading.Thread(target=load) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    time.sleep(2)
+    victim = ok[-1]
+    os.kill(victim, signal.SIGKILL)
+    time.sleep(4)
+    stop.set()
+    for thread in threads:
+        thread.join()
+    after = [pid for pid in ok[ok.index(victim) :] if pid != victim]
+    assert after, "requests stopped being answered after the kill"
+    # One replica holds at most max_ongoing_requests (8 by default) of the 4 clients' requests.
+    assert len(failed) <= 4, failed
+    assert all(f.startswith("503") for f in failed), failed
+
+
+def test_a_model_update_rolls_through_replicas_without_failed_requests(
+    server: ServerProcess, repository: Path
+) -> None:
+    before = {who(server, f"k{i}") for i in range(8)}
+    stop = threading.Event()
+    ok: list[int] = []
+    failed: list[str] = []
+
+    def load() -> None:
+        while not stop.is_set():
+            try:
+                ok.append(who(server, sleep=0.01))
+            except InferenceServerException as exc:
+                failed.append(f"{exc.status()} {exc.message()}")
+
+    threads = [threading.Thread(target=load) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    model_py = repository / "who" / "1" / "model.py"
+    model_py.write_text(model_py.read_text() + "\n# changed\n")  # a new deployment version
+    client = httpclient.InferenceServerClient(server.url, network_timeout=300)
+    client.load_model("who")  # returns once the new replicas serve
+    time.sleep(1)
+    stop.set()
+    for thread in threads:
+        thread.join()
+    assert failed == []
+    after = {who(server, f"k{i}") for i in range(8)}
+    assert not before & after  # every replica is a new process
+    assert len(ok) > 10
+    index = {m["name"]: m for m in client.get_model_repository_index()}
+    assert index["who"]["state"] == "READY"
+    assert json.dumps(index)  # serialisable as the HTTP API sends it
