@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import re
+import secrets
 import shutil
 import signal
 import socket
@@ -99,6 +100,63 @@ def bench(url: str, protocol: str, model: str, concurrency: int, seconds: float)
     }
 
 
+FLOOR = """
+import asyncio, json, sys, time
+import ray
+from ray import serve
+
+ray.init(address=sys.argv[1], log_to_driver=False, logging_level="ERROR")
+serve.start(proxy_location="Disabled")
+
+
+@serve.deployment(num_replicas=1, max_ongoing_requests=64, ray_actor_options={"num_cpus": 1})
+class Echo:
+    async def __call__(self, x):
+        return x
+
+
+serve.run(Echo.bind(), name="floor", route_prefix=None)
+handle = serve.get_deployment_handle("Echo", "floor")
+
+
+async def level(concurrency, seconds):
+    latencies = []
+    end = time.perf_counter() + seconds
+
+    async def loop():
+        while time.perf_counter() < end:
+            start = time.perf_counter()
+            await handle.remote(b"x" * 64)
+            latencies.append(time.perf_counter() - start)
+
+    await asyncio.gather(*(loop() for _ in range(concurrency)))
+    latencies.sort()
+    return {"concurrency": concurrency, "throughput": len(latencies) / seconds,
+            "p50_us": latencies[len(latencies) // 2] * 1e6,
+            "p99_us": latencies[int(len(latencies) * 0.99)] * 1e6}
+
+
+async def main():
+    await level(1, 1.0)
+    print(json.dumps([await level(int(c), float(sys.argv[3])) for c in sys.argv[2].split(",")]))
+
+
+asyncio.run(main())
+serve.delete("floor")
+"""
+
+
+def ray_floor(address: str, levels: list[int], seconds: float) -> list[dict[str, Any]]:
+    """Ray Serve's own handle round trip (an echo deployment, no infermux): the floor under the
+    Ray rows, measured by a driver process like the ingress."""
+    out = subprocess.run(
+        [sys.executable, "-c", FLOOR, address, ",".join(map(str, levels)), str(seconds)],
+        check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    rows: list[dict[str, Any]] = json.loads(out.stdout.strip().splitlines()[-1])
+    return rows
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--concurrency", default="1,8")
@@ -109,7 +167,12 @@ def main() -> None:
     repo = repository()
     ray = str(Path(sys.executable).parent / "ray")
     port = free_port()
-    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
+    # The cluster's own token (Ray turns token auth on when ~/.ray/auth_token exists, and then
+    # every client must say so); the server inherits it.
+    os.environ.update(
+        RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32)
+    )
+    env = dict(os.environ)
     subprocess.run([ray, "start", "--head", f"--port={port}", "--include-dashboard=false",
                     "--disable-usage-stats"], check=True, capture_output=True, env=env)  # fmt: skip
     results: list[dict[str, Any]] = []
@@ -126,6 +189,8 @@ def main() -> None:
                             print(results[-1], flush=True)
             finally:
                 stop(server)
+        floor = ray_floor(f"127.0.0.1:{port}", levels, args.seconds)
+        print("Ray Serve handle alone:", floor, flush=True)
     finally:
         subprocess.run([ray, "stop", "--force"], capture_output=True, env=env, check=False)
     rows = ["| model | protocol | c | single req/s | Ray req/s | throughput Ray/single | "
@@ -139,8 +204,14 @@ def main() -> None:
             f"{twin['throughput']:.0f} | {twin['throughput'] / r['throughput']:.2f} | "
             f"{twin['p50_us'] / r['p50_us']:.2f} | {twin['p99_us'] / r['p99_us']:.2f} |"
         )
+    rows += ["", "Ray Serve's own handle round trip (echo deployment, same driver set-up):", "",
+             "| c | req/s | p50 µs | p99 µs |", "|---:|---:|---:|---:|"]  # fmt: skip
+    rows += [
+        f"| {f['concurrency']} | {f['throughput']:.0f} | {f['p50_us']:.0f} | {f['p99_us']:.0f} |"
+        for f in floor
+    ]
     summary = {"cores": len(os.sched_getaffinity(0)), "time": time.strftime("%Y-%m-%d %H:%M"),
-               "results": results}  # fmt: skip
+               "results": results, "ray_handle_floor": floor}  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "ray_overhead.json").write_text(json.dumps(summary, indent=2) + "\n")
     (args.out / "ray_overhead.md").write_text("\n".join(rows) + "\n")

@@ -55,7 +55,7 @@ class RayDataPlane:
     def __init__(self, deployer: Deployer, *, explicit: bool) -> None:
         self._deployer = deployer
         self._explicit = explicit
-        self._handles: dict[str, Any] = {}
+        self._handles: dict[tuple[str, str], Any] = {}
         self._described: dict[tuple[str, str], tuple[ModelMetadata, ModelConfig]] = {}
         self._metadata = ServerMetadata(SERVER_NAME, __version__, EXTENSIONS)
         self._shutting_down = False
@@ -86,7 +86,7 @@ class RayDataPlane:
         if name not in self._deployer.deployed:
             return False
         try:
-            return bool(await self._handle(name).ready.remote(version))
+            return bool(await self._handle(name, "ready").remote(version))
         except Exception:
             return False
 
@@ -126,9 +126,7 @@ class RayDataPlane:
         if name not in self._deployer.deployed:
             raise NotFoundError(f"Request for unknown model: '{name}' is not found")
         try:
-            reply: tuple[Any, ...] = await getattr(self._handle(name), method).remote(
-                *args, **kwargs
-            )
+            reply: tuple[Any, ...] = await self._handle(name, method).remote(*args, **kwargs)
         except BackPressureError:
             raise RejectedError(
                 f"model '{name}': every replica is busy and its queue is full "
@@ -145,10 +143,13 @@ class RayDataPlane:
             raise error
         return reply
 
-    def _handle(self, name: str) -> Any:
-        handle = self._handles.get(name)
+    def _handle(self, name: str, method: str) -> Any:
+        # One handle per (model, method), kept: ``handle.method`` would build a new handle
+        # object on every request.
+        handle = self._handles.get((name, method))
         if handle is None:
-            handle = self._handles[name] = serve.get_deployment_handle(DEPLOYMENT, app_name(name))
+            base = serve.get_deployment_handle(DEPLOYMENT, app_name(name))
+            handle = self._handles[(name, method)] = base.options(method_name=method)
         return handle
 
     # -- model repository -------------------------------------------------------------------------
@@ -173,7 +174,8 @@ class RayDataPlane:
         self._forget(name)
 
     def _forget(self, name: str) -> None:
-        self._handles.pop(name, None)
+        for key in [k for k in self._handles if k[0] == name]:
+            del self._handles[key]
         for key in [k for k in self._described if k[0] == name]:
             del self._described[key]
 
