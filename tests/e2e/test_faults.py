@@ -83,6 +83,9 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def server(repository: Path) -> Iterator[ServerProcess]:
     with start_server("--model-repository", str(repository)) as server:
+        index = client(server).get_model_repository_index()
+        unready = {m["name"]: m.get("reason", "") for m in index if m.get("state") != "READY"}
+        assert not unready, f"{unready}\n" + "\n".join(server.log[-30:])
         yield server
         assert server.stop() == 0  # an abandoned, still-hanging instance thread must not block exit
 

@@ -10,6 +10,7 @@ backpressure as 503. Skipped, with the reason, where Ray is not installed or can
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -106,6 +107,11 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     one(repo, "who", extra=parameter("ray_num_replicas", "2") + parameter("ray_num_cpus", "1"))
     slow = parameter("ray_num_cpus", "0") + parameter("ray_max_ongoing_requests", "1")
     one(repo, "slow", extra=slow + parameter("ray_max_queued_requests", "1"))
+    # Two versions, half the keys each, sticky on routing_key, on two replicas.
+    policy = '{\\"weights\\": {\\"1\\": 50, \\"2\\": 50}}'
+    canary = "version_policy: { all { } }\n" + parameter("traffic_policy", policy)
+    canary += parameter("ray_num_replicas", "2") + parameter("ray_num_cpus", "0")
+    one(repo, "canary", extra=canary, versions=(1, 2))
     return repo
 
 
@@ -149,6 +155,25 @@ def test_a_routing_key_sticks_to_one_replica(server: ServerProcess) -> None:
     assert len(set(homes.values())) == 2  # and the keys spread over both replicas
 
 
+def test_a_sticky_canary_keeps_each_key_on_one_version_and_one_replica(
+    server: ServerProcess,
+) -> None:
+    client = httpclient.InferenceServerClient(server.url)
+    seen = {}
+    for key in (f"user-{i}" for i in range(16)):
+        answers = set()
+        for _ in range(4):
+            tensor = httpclient.InferInput("INPUT0", [1], "FP32")
+            tensor.set_data_from_numpy(np.zeros(1, np.float32))
+            result = client.infer("canary", [tensor], parameters={"routing_key": key})
+            version = result.get_response()["model_version"]
+            answers.add((version, int(result.as_numpy("OUTPUT0")[0])))
+        assert len(answers) == 1, f"{key}: {answers}"
+        seen[key] = answers.pop()
+    assert {version for version, _ in seen.values()} == {"1", "2"}
+    assert len({pid for _, pid in seen.values()}) == 2
+
+
 def test_a_full_replica_queue_is_503(server: ServerProcess) -> None:
     def call(_: int) -> tuple[str, str]:
         try:
@@ -166,28 +191,40 @@ def test_a_full_replica_queue_is_503(server: ServerProcess) -> None:
     assert all("ray_max_queued_requests" in m for s, m in outcomes if s == "503")
 
 
-def test_killing_a_replica_mid_load_fails_at_most_its_in_flight(server: ServerProcess) -> None:
+@contextlib.contextmanager
+def load(
+    server: ServerProcess, clients: int, sleep: float
+) -> Iterator[tuple[list[int], list[str]]]:
+    """``clients`` threads sending requests to ``who`` until the block ends: the pids that
+    answered, in order, and the failures ("status message")."""
     stop = threading.Event()
     ok: list[int] = []
     failed: list[str] = []
 
-    def load() -> None:
+    def client() -> None:
         while not stop.is_set():
             try:
-                ok.append(who(server, sleep=0.02))
+                ok.append(who(server, sleep=sleep))
             except InferenceServerException as exc:
                 failed.append(f"{exc.status()} {exc.message()}")
 
-    threads = [threading.Thread(target=load) for _ in range(4)]
+    threads = [threading.Thread(target=client) for _ in range(clients)]
     for thread in threads:
         thread.start()
-    time.sleep(2)
-    victim = ok[-1]
-    os.kill(victim, signal.SIGKILL)
-    time.sleep(4)
-    stop.set()
-    for thread in threads:
-        thread.join()
+    try:
+        yield ok, failed
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+
+
+def test_killing_a_replica_mid_load_fails_at_most_its_in_flight(server: ServerProcess) -> None:
+    with load(server, clients=4, sleep=0.02) as (ok, failed):
+        time.sleep(2)
+        victim = ok[-1]
+        os.kill(victim, signal.SIGKILL)
+        time.sleep(4)
     after = [pid for pid in ok[ok.index(victim) :] if pid != victim]
     assert after, "requests stopped being answered after the kill"
     # One replica holds at most max_ongoing_requests (8 by default) of the 4 clients' requests.
@@ -199,28 +236,12 @@ def test_a_model_update_rolls_through_replicas_without_failed_requests(
     server: ServerProcess, repository: Path
 ) -> None:
     before = {who(server, f"k{i}") for i in range(8)}
-    stop = threading.Event()
-    ok: list[int] = []
-    failed: list[str] = []
-
-    def load() -> None:
-        while not stop.is_set():
-            try:
-                ok.append(who(server, sleep=0.01))
-            except InferenceServerException as exc:
-                failed.append(f"{exc.status()} {exc.message()}")
-
-    threads = [threading.Thread(target=load) for _ in range(3)]
-    for thread in threads:
-        thread.start()
-    model_py = repository / "who" / "1" / "model.py"
-    model_py.write_text(model_py.read_text() + "\n# changed\n")  # a new deployment version
     client = httpclient.InferenceServerClient(server.url, network_timeout=300)
-    client.load_model("who")  # returns once the new replicas serve
-    time.sleep(1)
-    stop.set()
-    for thread in threads:
-        thread.join()
+    with load(server, clients=3, sleep=0.01) as (ok, failed):
+        model_py = repository / "who" / "1" / "model.py"
+        model_py.write_text(model_py.read_text() + "\n# changed\n")  # a new deployment version
+        client.load_model("who")  # returns once the new replicas serve
+        time.sleep(1)
     assert failed == []
     after = {who(server, f"k{i}") for i in range(8)}
     assert not before & after  # every replica is a new process

@@ -106,7 +106,19 @@ class ProcessInstance:
     # -- the worker process -----------------------------------------------------------------------
 
     def _start(self) -> tuple[BaseProcess, Connection]:
-        """Start a worker and wait until it has loaded the model; raises ModelLoadError."""
+        """Start a worker and wait until it has loaded the model; raises ModelLoadError. A worker
+        that dies before saying anything (not a load error of the model's: those it reports) is
+        tried once more, so one lost start does not leave the model unavailable."""
+        try:
+            return self._start_once()
+        except _DiedStarting as exc:
+            logger.warning("%s: %s; starting it once more", self._label, exc)
+        try:
+            return self._start_once()
+        except _DiedStarting as exc:
+            raise ModelLoadError(f"{self._label}: {exc}") from None
+
+    def _start_once(self) -> tuple[BaseProcess, Connection]:
         context = multiprocessing.get_context("spawn")  # fork would copy the server's threads
         ours, theirs = context.Pipe()
         process = context.Process(
@@ -129,7 +141,8 @@ class ProcessInstance:
                 problem = f"{self._label}: worker did not load the model in {START_TIMEOUT_S:g} s"
         except (EOFError, OSError):
             process.join(timeout=1.0)
-            problem = f"{self._label}: worker process {_ended(process, False)} while loading"
+            ours.close()
+            raise _DiedStarting(f"worker process {_ended(process, False)} while loading") from None
         ours.close()
         process.join(timeout=CLOSE_TIMEOUT_S)
         if process.is_alive():
@@ -184,6 +197,10 @@ class ProcessInstance:
                 if self._process is process:  # nobody restarted it meanwhile
                     self._restart()
                 failures = 0 if self._process is not None else failures + 1
+
+
+class _DiedStarting(Exception):
+    """The worker ended before reporting whether the model loaded."""
 
 
 def _ended(process: BaseProcess, aborted: bool) -> str:

@@ -145,3 +145,40 @@ def test_an_unknown_isolation_mode_is_refused(tmp_path: Path) -> None:
     model_dir = write_model(tmp_path, "m", extra=extra)
     with pytest.raises(ModelLoadError, match=r"parameters.isolation must be one of thread, proc"):
         PythonBackend().load(context_for(model_dir))
+
+
+def test_a_worker_that_dies_while_starting_is_started_once_more(tmp_path: Path) -> None:
+    # The first import of model.py kills its worker (leaving a marker); the second loads.
+    marker = tmp_path / "died-once"
+    source = f"""
+import os
+import pathlib
+
+marker = pathlib.Path({str(marker)!r})
+if not marker.exists():
+    marker.touch()
+    os._exit(5)
+
+from typing import Any
+
+
+class Model:
+    def execute(self, requests: list[Any]) -> list[Any]:
+        return [{{"OUTPUT0": r.inputs["INPUT0"]}} for r in requests]
+"""
+    extra = 'parameters { key: "isolation" value: { string_value: "process" } }'
+    model_dir = write_model(tmp_path / "repo", "iso", source=source, extra=extra)
+    instance = ProcessInstance(context_for(model_dir))
+    assert marker.exists()
+    (result,) = instance.execute([request(7)])
+    assert isinstance(result, dict)
+    instance.close()
+
+
+def test_a_worker_that_dies_while_starting_twice_fails_the_load(tmp_path: Path) -> None:
+    extra = 'parameters { key: "isolation" value: { string_value: "process" } }'
+    model_dir = write_model(
+        tmp_path / "repo", "iso", source="import os\nos._exit(5)\n", extra=extra
+    )
+    with pytest.raises(ModelLoadError, match="exited with code 5 while loading"):
+        ProcessInstance(context_for(model_dir))
