@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import queue
 import threading
@@ -148,7 +149,7 @@ class InstanceSlot:
         stuck, self._thread = self._thread, InstanceThread(self._thread_name)
         stuck.submit(_close_quietly, self.instance, self.label)  # if the stuck call ever returns
         stuck.shutdown(wait=False)
-        for attempt in range(10**9):
+        for attempt in itertools.count():
             try:
                 self.instance = await loop.run_in_executor(self._thread, self._reload)
                 logger.info("%s replaced", self.label)
