@@ -200,9 +200,13 @@ class Deployer:
                 rows.append(RepositoryIndexEntry(name, "", "", ""))
         return rows
 
-    def running(self, name: str) -> bool:
-        app = serve.status().applications.get(app_name(name))
-        return app is not None and _status(app) == "RUNNING"
+    def all_running(self) -> bool:
+        """Every deployed model's application runs (one status call for all of them)."""
+        applications = serve.status().applications
+        return all(
+            (app := applications.get(app_name(name))) is not None and _status(app) == "RUNNING"
+            for name in list(self.deployed)  # a copy: loads may change it meanwhile
+        )
 
 
 def _status(app: Any) -> str:

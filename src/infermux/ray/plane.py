@@ -77,9 +77,8 @@ class RayDataPlane:
         if self._shutting_down:
             return False
         if time.monotonic() - self._ready_at > STATUS_TTL_S:
-            names = list(self._deployer.deployed)
-            states = await asyncio.to_thread(lambda: [self._deployer.running(n) for n in names])
-            self._ready, self._ready_at = all(states), time.monotonic()
+            self._ready = await asyncio.to_thread(self._deployer.all_running)
+            self._ready_at = time.monotonic()
         return self._ready
 
     async def model_ready(self, name: str, version: str = "") -> bool:
