@@ -3,8 +3,9 @@
 One ``InferenceSession`` per instance. Execution providers come from the instance's device and
 Triton's ``optimization.execution_accelerators``; session options from ``optimization.graph.level``
 and the ``parameters`` Triton's ONNX Runtime backend reads (``intra_op_thread_count``, ...).
-onnxruntime is imported when a model loads, so infermux runs without the ``onnx`` extra until an
-ONNX model is served.
+Reduced precision (``precision``: fp16 or int8, with a calibration cache) is in
+:mod:`~infermux.backends.onnx_precision`. onnxruntime is imported when a model loads, so infermux
+runs without the ``onnx`` extra until an ONNX model is served.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import numpy as np
 import numpy.typing as npt
 
 from infermux.backends.base import ExecuteResult, ModelContext, ModelRequest, model_file
+from infermux.backends.onnx_precision import prepare
 from infermux.backends.tensor import Arrays, StackedInstance
 from infermux.errors import InternalError, InvalidArgumentError, ModelLoadError
 from infermux.model_config import ModelConfig, TensorConfig
@@ -89,12 +91,17 @@ class OnnxRuntimeInstance(StackedInstance):
             )
         self._device_id = _device_id(context.device)
         providers = _providers(ort, context, self._device_id)
-        try:
-            self.session: Any = ort.InferenceSession(
-                path, sess_options=_session_options(ort, config), providers=providers
-            )
-        except Exception as exc:
-            raise ModelLoadError(f"{where}: cannot load {path}: {exc}") from exc
+
+        def session(file: str) -> Any:
+            try:
+                return ort.InferenceSession(
+                    file, sess_options=_session_options(ort, config), providers=providers
+                )
+            except Exception as exc:
+                raise ModelLoadError(f"{where}: cannot load {file}: {exc}") from exc
+
+        path, self.precision_report = prepare(context, path, ort, session)
+        self.session: Any = session(path)
         # ORT falls back to the CPU (with only a log line) when a provider's libraries fail to
         # load; a model configured for a GPU must not silently run on the CPU.
         dropped = [name for name, _ in providers if name not in self.session.get_providers()]

@@ -2,11 +2,9 @@
 ``torch.export`` programs (``platform: "torch_export"``, ``model.pt2``; also any
 ``default_model_filename`` ending in ``.pt2``).
 
-Tensors meet the model's arguments as in Triton's libtorch backend: inputs named
-``<name>__<index>`` go to that positional argument, other inputs go positionally in config order,
-or as keyword arguments by name when the config sets ``INPUT_BY_NAME``. Outputs named
-``<name>__<index>`` pick that element of a returned tuple or list, others are taken in config
-order; a single returned tensor is the single output, and a returned dict maps by name.
+Tensors meet the model's arguments as in Triton's libtorch backend
+(:mod:`~infermux.backends.torch_signature`). ``precision`` (fp16, bf16, int8 on the CPU) and the
+accuracy guard are in :mod:`~infermux.backends.torch_model`.
 
 Config ``parameters`` (``key: "..." value { string_value: "..." }``):
 
@@ -30,18 +28,20 @@ torch is imported when a model is loaded, never at import time, so infermux runs
 from __future__ import annotations
 
 import logging
-import re
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 
 from infermux.backends.base import ModelContext, model_file
+from infermux.backends.precision import PrecisionReport, PrecisionSettings
 from infermux.backends.tensor import StackedInstance, require_no_bytes
 from infermux.backends.torch_gpu import GpuPath
+from infermux.backends.torch_model import TorchModel
+from infermux.backends.torch_model import load as load_model
+from infermux.backends.torch_signature import flag
 from infermux.backends.torch_tensors import (
     device_of,
     device_tensor,
@@ -49,8 +49,8 @@ from infermux.backends.torch_tensors import (
     to_torch,
     weight_bytes,
 )
-from infermux.errors import InfermuxError, InternalError, InvalidArgumentError, ModelLoadError
-from infermux.model_config import ModelConfig, TensorConfig
+from infermux.errors import InfermuxError, InternalError, ModelLoadError
+from infermux.model_config import ModelConfig
 from infermux.runtime import (
     PRIORITY_PARAMETER,
     WEIGHTS,
@@ -67,8 +67,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 INSTALL_HINT = "pip install 'infermux[torch]'"
-
-_INDEXED = re.compile(r"^.+__(\d+)$")  # Triton's <name>__<index> naming convention
 
 
 class PyTorchBackend:
@@ -97,7 +95,6 @@ class PyTorchBackend:
                     f"model '{config.name}': '{tensor.name}' is {tensor.datatype}, which torch "
                     f"{torch.__version__} has no dtype for"
                 )
-        signature = _Signature.of(config)
         priority = parse_priority(config.name, config.parameters.get(PRIORITY_PARAMETER, ""))
         device = device_of(context)
         threads = _thread_count(config)
@@ -108,20 +105,21 @@ class PyTorchBackend:
         )
         path = model_file(context, "model.pt2" if exported else "model.pt")
         loader = _load_exported if exported else _load_torchscript
-        compile_model = _flag(config, "TORCH_COMPILE")
+        compile_model = flag(config, "TORCH_COMPILE")
         if compile_model and graph_buckets(config):
             raise ModelLoadError(
                 f"model '{config.name}': TORCH_COMPILE and optimization.cuda.graphs cannot be "
                 "combined; choose one"
             )
+        precision = PrecisionSettings.of(context).precision.value
+
+        def prepare() -> TorchModel:
+            return load_model(context, path, device, loader, exported)
+
         try:
             if device.type != "cuda":
-                return PyTorchInstance(
-                    context, loader(path, device), device, signature, compile_model
-                )
-            lease: Lease[Callable[..., Any]] = WEIGHTS.acquire(
-                path, str(device), lambda: loader(path, device)
-            )
+                return PyTorchInstance(context, prepare(), device, compile_model)
+            lease: Lease[TorchModel] = WEIGHTS.acquire(path, str(device), prepare, precision)
         except InfermuxError:
             raise
         except Exception as exc:
@@ -130,38 +128,12 @@ class PyTorchBackend:
                 f"{_reason(exc)}"
             ) from exc
         try:
-            instance = PyTorchInstance(context, lease.value, device, signature, compile_model)
+            instance = PyTorchInstance(context, lease.value, device, compile_model)
             instance.attach_gpu(GpuPath.create(context, device, priority, lease, instance.forward))
             return instance
         except BaseException:
             lease.release()
             raise
-
-
-@dataclass(frozen=True)
-class _Signature:
-    """How config tensors map to the model's arguments and results."""
-
-    by_name: bool
-    input_order: tuple[str, ...]
-    output_index: Mapping[str, int]
-
-    @classmethod
-    def of(cls, config: ModelConfig) -> _Signature:
-        inputs = _indices(config, config.inputs, "input")
-        if inputs is not None and sorted(inputs.values()) != list(range(len(inputs))):
-            raise ModelLoadError(
-                f"model '{config.name}': inputs named <name>__<index> must number 0.."
-                f"{len(inputs) - 1} without gaps, got {sorted(inputs.values())}"
-            )
-        order = (
-            sorted(inputs, key=inputs.__getitem__) if inputs else [t.name for t in config.inputs]
-        )
-        # Output indices may skip elements: a config can serve a subset of what forward returns.
-        outputs = _indices(config, config.outputs, "output")
-        if outputs is None:
-            outputs = {t.name: i for i, t in enumerate(config.outputs)}
-        return cls(_flag(config, "INPUT_BY_NAME"), tuple(order), outputs)
 
 
 class PyTorchInstance(StackedInstance):
@@ -170,17 +142,16 @@ class PyTorchInstance(StackedInstance):
     def __init__(
         self,
         context: ModelContext,
-        model: Callable[..., Any],
+        model: TorchModel,
         device: torch.device,
-        signature: _Signature,
         compile_model: bool,
     ) -> None:
         super().__init__(context)
-        self._model: Callable[..., Any] | None = model
+        self._model: TorchModel | None = model
+        self.precision_report: PrecisionReport = model.report
         self._device = device
         self._gpu: GpuPath | None = None
-        self._weight_bytes = weight_bytes(model) if device.type == "cpu" else 0
-        self._signature = signature
+        self._weight_bytes = weight_bytes(model.module) if device.type == "cpu" else 0
         self._compile_pending = compile_model
         self._compiled: Callable[..., Any] | None = None
 
@@ -202,7 +173,7 @@ class PyTorchInstance(StackedInstance):
         """The model on device tensors by input name -> its outputs by output name."""
         if self._model is None:
             raise InternalError(f"model '{self.config.name}' is closed")
-        return self._outputs(self._call(self._model, tensors))
+        return self._model.forward(tensors, self._forward)
 
     def memory_usage(self) -> list[MemoryUse]:
         if self._gpu is not None:
@@ -239,10 +210,8 @@ class PyTorchInstance(StackedInstance):
                 tensors = {key: to_torch(array, self._device) for key, array in inputs.items()}
                 for key, parts in device.items():  # a CPU instance given GPU inputs: copy down
                     tensors[key] = torch.cat([device_tensor(p).to(self._device) for p in parts])
-                return {
-                    key: to_numpy(value)
-                    for key, value in self._outputs(self._call(self._model, tensors)).items()
-                }
+                outputs = self._model.forward(tensors, self._forward)
+                return {key: to_numpy(value) for key, value in outputs.items()}
             except InfermuxError:
                 raise
             except Exception as exc:
@@ -255,14 +224,8 @@ class PyTorchInstance(StackedInstance):
         if gpu is not None:
             gpu.close()
 
-    def _call(self, model: Callable[..., Any], tensors: Mapping[str, torch.Tensor]) -> Any:
-        if self._signature.by_name:
-            return self._forward(model, (), tensors)
-        return self._forward(model, self._positional(tensors), {})
-
-    def _forward(
-        self, model: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]
-    ) -> Any:
+    def _forward(self, model: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``model(*args, **kwargs)``, through ``torch.compile`` when the config asks for it."""
         import torch
 
         if self._compile_pending:
@@ -291,41 +254,6 @@ class PyTorchInstance(StackedInstance):
                 return result
         return model(*args, **kwargs)
 
-    def _positional(self, tensors: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
-        args = []
-        for key in self._signature.input_order:
-            if key not in tensors:
-                break
-            args.append(tensors[key])
-        if len(args) < len(tensors):
-            missing = self._signature.input_order[len(args)]
-            raise InvalidArgumentError(
-                f"model '{self.config.name}': optional input '{missing}' can only be left out "
-                "when no input after it (by position) is sent"
-            )
-        return args
-
-    def _outputs(self, result: object) -> dict[str, Any]:
-        name = self.config.name
-        if isinstance(result, Mapping):
-            return {key: result[key] for key in self._signature.output_index if key in result}
-        if isinstance(result, (tuple, list)):
-            outputs = {}
-            for key, index in self._signature.output_index.items():
-                if index >= len(result):
-                    raise InternalError(
-                        f"model '{name}' returned {len(result)} values, but output '{key}' is "
-                        f"element {index}"
-                    )
-                outputs[key] = result[index]
-            return outputs
-        if len(self.config.outputs) == 1:
-            return {self.config.outputs[0].name: result}
-        raise InternalError(
-            f"model '{name}' returned one {type(result).__name__}, but the config declares "
-            f"{len(self.config.outputs)} outputs; return a tuple, list or dict"
-        )
-
 
 def _load_torchscript(path: str, device: torch.device) -> Callable[..., Any]:
     import torch
@@ -352,30 +280,6 @@ def _load_exported(path: str, device: torch.device) -> Callable[..., Any]:
     # No eval(): exported graphs are fixed at export time and refuse train()/eval().
     module: torch.nn.Module = torch.export.load(path).module()
     return module.to(device)
-
-
-def _indices(
-    config: ModelConfig, tensors: Sequence[TensorConfig], kind: str
-) -> dict[str, int] | None:
-    """``name -> index`` when every tensor follows ``<name>__<index>``, else None."""
-    matches = [_INDEXED.match(t.name) for t in tensors]
-    if not matches or not all(matches):
-        return None
-    indices = {t.name: int(m.group(1)) for t, m in zip(tensors, matches, strict=True) if m}
-    if len(set(indices.values())) != len(indices):
-        raise ModelLoadError(f"model '{config.name}': two {kind}s share one __<index>")
-    return indices
-
-
-def _flag(config: ModelConfig, key: str) -> bool:
-    value = config.parameters.get(key, "").strip().lower()
-    if value in ("true", "1", "yes", "on"):
-        return True
-    if value in ("", "false", "0", "no", "off"):
-        return False
-    raise ModelLoadError(
-        f'model \'{config.name}\': parameter {key} must be "true" or "false", got {value!r}'
-    )
 
 
 def _thread_count(config: ModelConfig) -> int:

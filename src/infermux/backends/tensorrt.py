@@ -26,6 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from infermux.backends.base import ModelContext, model_file
+from infermux.backends.precision import Precision, PrecisionSettings
 from infermux.backends.tensor import StackedInstance, require_no_bytes
 from infermux.errors import InternalError, InvalidArgumentError, ModelLoadError
 from infermux.model_config import ModelConfig
@@ -281,6 +282,15 @@ class TensorRTBackend:
         self._engines = engines or ENGINES
 
     def load(self, context: ModelContext) -> TensorRTInstance:
+        # A plan's layers were chosen for their precision when it was built; converting one
+        # afterwards is not something TensorRT does.
+        PrecisionSettings.of(context).refuse_unless(
+            (Precision.FP32,),
+            context.config,
+            "a TensorRT plan's precision is fixed when the plan is built (trtexec --fp16, --bf16, "
+            "--int8 --calib=<table>); build the plan at that precision and leave the parameter "
+            "out, or serve the ONNX model with the onnxruntime backend",
+        )
         _, torch = _import_runtime()
         device = _cuda_device(torch, context)
         require_no_bytes(context.config, "TensorRT")

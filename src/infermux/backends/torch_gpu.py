@@ -16,6 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from infermux.backends.base import ModelContext
+from infermux.backends.torch_model import TorchModel
 from infermux.backends.torch_tensors import (
     device_tensor,
     download,
@@ -51,7 +52,7 @@ class GpuPath:
         context: ModelContext,
         stream: InstanceStream,
         staging: StagingBuffers,
-        weights: Lease[Callable[..., Any]],
+        weights: Lease[TorchModel],
     ) -> None:
         self.context = context
         self.stream = stream
@@ -65,7 +66,7 @@ class GpuPath:
         self.workspace_bytes = 0
         """cuBLAS/cuDNN workspaces on the instance's stream, measured after its first batch."""
         self._workspace_measured = False
-        self._weight_bytes = weight_bytes(weights.value)
+        self._weight_bytes = weight_bytes(weights.value.module)
 
     @classmethod
     def create(
@@ -73,7 +74,7 @@ class GpuPath:
         context: ModelContext,
         device: torch.device,
         priority: Priority,
-        weights: Lease[Callable[..., Any]],
+        weights: Lease[TorchModel],
         forward: Forward,
     ) -> GpuPath:
         """Stream, reserved buffers and, when the config asks for them, captured graphs."""

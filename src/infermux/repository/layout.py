@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from stat import S_ISREG
 
+from infermux.backends.calibration_cache import CACHE_DIRNAME
 from infermux.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -62,7 +63,9 @@ def fingerprint(model_dir: Path) -> tuple[tuple[str, int, int], ...]:
     except OSError:  # changed while we walked: the next poll sees the settled tree
         return ()
     for path in paths:
-        if "__pycache__" in path.parts:
+        # Caches infermux writes itself (Python's bytecode, calibration results) are not changes to
+        # the model: counting them would reload a model because it was loaded.
+        if "__pycache__" in path.parts or CACHE_DIRNAME in path.parts:
             continue
         try:
             stat = path.stat()

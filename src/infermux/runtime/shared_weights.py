@@ -56,13 +56,14 @@ class SharedWeights(Generic[T]):
         self._lock = threading.Lock()
         self._entries: dict[WeightsKey, _Entry[T]] = {}
 
-    def acquire(self, path: str, device: str, load: Callable[[], T]) -> Lease[T]:
+    def acquire(self, path: str, device: str, load: Callable[[], T], variant: str = "") -> Lease[T]:
         """The weights of ``path`` on ``device``, made by ``load()`` for the first user only.
+        ``variant`` tells apart different weights made from one file (e.g. at another precision).
 
         An exception from ``load`` propagates to this caller and leaves nothing cached; an
         instance waiting for the same key then tries loading itself.
         """
-        key = (path, os.stat(path).st_mtime_ns, device)
+        key = (f"{path} [{variant}]" if variant else path, os.stat(path).st_mtime_ns, device)
         with self._lock:
             entry = self._entries.setdefault(key, _Entry())
             entry.users += 1

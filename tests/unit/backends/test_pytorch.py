@@ -193,14 +193,15 @@ def test_a_batch_is_stacked_and_each_request_gets_its_own_rows(tmp_path: Path) -
     module = Linear().eval()
     calls: list[int] = []
     instance = load(write_torch_model(tmp_path, script(module)))
-    forward = instance._model
-    assert forward is not None
+    model = instance._model
+    assert model is not None
+    forward = model.module
 
     def counting(x: torch.Tensor) -> Any:
         calls.append(int(x.shape[0]))
         return forward(x)
 
-    instance._model = counting
+    model.module = counting
     xs = [rows(1, 1), rows(3, 2), rows(2, 3)]
     results = execute(instance, *({"INPUT__0": read_only(x)} for x in xs))
     assert calls == [6]  # one forward over the stacked batch

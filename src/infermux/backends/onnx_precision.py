@@ -1,0 +1,170 @@
+"""Reduced precision for the ONNX Runtime backend: the model file a session should load.
+
+- ``fp16``: the graph converted by onnxruntime's own float16 converter, inputs and outputs kept
+  as declared (casts are inserted at the boundary).
+- ``int8``: static QDQ quantisation (``onnxruntime.quantization.quantize_static``) calibrated on
+  the ``calibration_data`` rows: the format every execution provider reads, TensorRT's included.
+  ``int8_per_channel`` (default true) quantises weights per output channel;
+  ``int8_calibration_method`` is ``minmax`` (default), ``entropy`` or ``percentile``.
+- ``bf16`` is refused: ONNX Runtime has bfloat16 kernels for too few operators to run a converted
+  graph (PyTorch or TensorRT serve bf16).
+
+Both artifacts go through the calibration cache, with the accuracy figures measured when they were
+built, so a cached load neither converts, calibrates nor re-measures.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from infermux.backends.base import ModelContext
+from infermux.backends.calibration_cache import CalibrationCache, cache_key
+from infermux.backends.precision import (
+    Accuracy,
+    Arrays,
+    Precision,
+    PrecisionReport,
+    PrecisionSettings,
+    batches,
+    check,
+    compare,
+    guard_inputs,
+    run_rows,
+)
+from infermux.errors import ModelLoadError
+from infermux.model_config import ModelConfig
+
+SessionFactory = Callable[[str], Any]
+"""Makes an ``InferenceSession`` of a model file with the instance's options and providers."""
+
+_METHODS = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile"}
+
+
+def prepare(
+    context: ModelContext, path: str, ort: Any, session: SessionFactory
+) -> tuple[str, PrecisionReport]:
+    """The file the instance's session loads (``path`` itself at fp32) and what to report."""
+    config = context.config
+    settings = PrecisionSettings.of(context)
+    if not settings.reduced:
+        return path, PrecisionReport()
+    settings.refuse_unless(
+        (Precision.FP16, Precision.INT8),
+        config,
+        "onnxruntime has bfloat16 kernels for too few operators; serve bf16 with the PyTorch "
+        "or TensorRT backend",
+    )
+    options = _int8_options(config.name, config.parameters)
+    if settings.precision is Precision.FP16:
+        options = {}
+    source = Path(path)
+    files = [source] + ([settings.calibration_data] if settings.calibration_data else [])
+    kind = f"onnxruntime-{settings.precision.value}"
+    libraries = {"onnxruntime": ort.__version__, "onnx": _onnx().__version__}
+    key = cache_key(kind, files, {"precision": settings.precision.value, **options}, libraries)
+    cache = CalibrationCache(context, kind, key, "model.onnx")
+
+    def build(artifact: Path) -> Mapping[str, Any]:
+        inputs = guard_inputs(config, settings)
+        if settings.precision is Precision.INT8:
+            assert inputs is not None  # int8 cannot be asked for without calibration data
+            _quantize(config, source, artifact, inputs[0], options)
+        else:
+            _to_fp16(source, artifact)
+        accuracy = None
+        if inputs is not None:
+            data, origin = inputs
+            reference = run_rows(config, _runner(session(path), config), data)
+            reduced = run_rows(config, _runner(session(str(artifact)), config), data)
+            rows = len(next(iter(data.values())))
+            accuracy = compare(reference, reduced, rows, origin)
+        return {"accuracy": accuracy.to_json() if accuracy else None, "settings": options}
+
+    entry = cache.get_or_build(build)
+    recorded = entry.meta.get("accuracy")
+    accuracy = Accuracy.from_json(recorded) if recorded else None
+    check(context, settings, accuracy)
+    report = PrecisionReport(
+        settings.precision, accuracy, entry.outcome, {"cache": str(cache.path)}
+    )
+    return str(entry.artifact), report
+
+
+def _runner(session: Any, config: ModelConfig) -> Callable[[Arrays], Mapping[str, Any]]:
+    names = [t.name for t in config.outputs]
+
+    def run(batch: Arrays) -> Mapping[str, Any]:
+        return dict(zip(names, session.run(names, batch), strict=True))
+
+    return run
+
+
+def _int8_options(model: str, parameters: Mapping[str, str]) -> dict[str, str]:
+    per_channel = parameters.get("int8_per_channel", "true").strip().lower()
+    if per_channel not in ("true", "false"):
+        raise ModelLoadError(
+            f"model '{model}': parameter int8_per_channel must be 'true' or 'false', "
+            f"got {per_channel!r}"
+        )
+    method = parameters.get("int8_calibration_method", "minmax").strip().lower()
+    if method not in _METHODS:
+        raise ModelLoadError(
+            f"model '{model}': parameter int8_calibration_method must be one of "
+            f"{', '.join(_METHODS)}, got {method!r}"
+        )
+    return {"per_channel": per_channel, "calibration_method": method}
+
+
+def _quantize(
+    config: ModelConfig, source: Path, target: Path, data: Arrays, options: Mapping[str, str]
+) -> None:
+    from onnxruntime import quantization
+
+    class Reader(quantization.CalibrationDataReader):  # type: ignore[misc]
+        """The calibration rows in the batches the model takes."""
+
+        def __init__(self) -> None:
+            self._batches = batches(config, data)
+
+        def get_next(self) -> dict[str, Any] | None:
+            return next(self._batches, None)
+
+    try:
+        quantization.quantize_static(
+            str(source),
+            str(target),
+            Reader(),
+            quant_format=quantization.QuantFormat.QDQ,
+            per_channel=options["per_channel"] == "true",
+            activation_type=quantization.QuantType.QInt8,
+            weight_type=quantization.QuantType.QInt8,
+            calibrate_method=getattr(
+                quantization.CalibrationMethod, _METHODS[options["calibration_method"]]
+            ),
+        )
+    except Exception as exc:
+        raise ModelLoadError(f"onnxruntime could not quantise {source} to int8: {exc}") from exc
+
+
+def _to_fp16(source: Path, target: Path) -> None:
+    onnx = _onnx()
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    try:
+        converted = convert_float_to_float16(onnx.load(str(source)), keep_io_types=True)
+        onnx.save(converted, str(target))
+    except Exception as exc:
+        raise ModelLoadError(f"onnxruntime could not convert {source} to fp16: {exc}") from exc
+
+
+def _onnx() -> Any:
+    try:
+        import onnx
+    except ImportError as exc:
+        raise ModelLoadError(
+            f"reduced precision with onnxruntime needs the onnx package ({exc}); install it "
+            "with: pip install 'infermux[onnx]'"
+        ) from exc
+    return onnx
