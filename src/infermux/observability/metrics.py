@@ -17,6 +17,7 @@ Triton's ``nv_inference_request_success`` (see docs/decisions.md).
 
 from __future__ import annotations
 
+import collections
 import functools
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from infermux.backends.precision import PrecisionReport
 from infermux.errors import FailureReason
 from infermux.repository import LoadedModel, ModelRepository
 from infermux.routing import Router, ShadowStats
@@ -85,6 +87,7 @@ GPU = _declare(
 _INSTANCE = ("model", "version", "instance")
 _SHADOW = ("model", "version", "outcome")
 _MEMORY = ("model", "version", "kind", "device", "component")
+_PRECISION = ("model", "version", "precision", "output")
 INFERMUX = _declare(
     Family(
         "infermux_request_duration_seconds",
@@ -119,6 +122,27 @@ INFERMUX = _declare(
         "Memory a model version holds, by kind (GPU, CPU, CPU_PINNED), device and component "
         "(weights, buffers, graphs, staging)",
         _MEMORY,
+    ),
+    Family(
+        "infermux_model_precision_error",
+        "gauge",
+        "Relative error of a reduced-precision model version against fp32, per output, measured "
+        "by the accuracy guard at load: ||reduced - fp32|| / ||fp32|| over its inputs",
+        _PRECISION,
+    ),
+    Family(
+        "infermux_model_precision_top1_agreement",
+        "gauge",
+        "Share of the accuracy guard's rows whose arg-max (top-1 class) agrees with fp32, per "
+        "output with a class axis",
+        _PRECISION,
+    ),
+    Family(
+        "infermux_calibration_cache_loads_total",
+        "counter",
+        "Instance loads of a reduced-precision model version by calibration cache result: hit "
+        "(reused), miss (calibrated now) or corrupt (discarded, calibrated again)",
+        ("model", "version", "result"),
     ),
     Family(
         "infermux_model_load_failures_total",
@@ -236,9 +260,34 @@ def _model_samples(families: dict[str, Metric], model: LoadedModel) -> None:
     for (kind, device, component), size in sorted(memory.items()):
         where = {"kind": kind, "device": str(device), "component": component}
         add("infermux_model_memory_bytes", size, where)
+    _precision_samples(families, labels, model.instances)
     if stats.histograms is not None:
         for name, (attribute, scale) in _HISTOGRAMS.items():
             _histogram(families[name], labels, getattr(stats.histograms, attribute), scale)
+
+
+def _precision_samples(
+    families: dict[str, Metric], labels: dict[str, str], instances: Sequence[object]
+) -> None:
+    reports = [getattr(i, "precision_report", None) for i in instances]
+    found = [r for r in reports if isinstance(r, PrecisionReport) and r.precision.value != "fp32"]
+    if not found:
+        return
+    caches = collections.Counter(r.cache for r in found if r.cache)
+    for result, count in sorted(caches.items()):
+        family = families["infermux_calibration_cache_loads_total"]
+        family.add_sample(family.name, {**labels, "result": result}, count)
+    # Every instance of a version loads the same file at the same settings: one guard's figures.
+    report = found[0]
+    if report.accuracy is None:
+        return
+    for output, figures in sorted(report.accuracy.outputs.items()):
+        where = {**labels, "precision": report.precision.value, "output": output}
+        error = families["infermux_model_precision_error"]
+        error.add_sample(error.name, where, figures.relative_error)
+        if figures.top1_agreement is not None:
+            agreement = families["infermux_model_precision_top1_agreement"]
+            agreement.add_sample(agreement.name, where, figures.top1_agreement)
 
 
 def _shadow_samples(
