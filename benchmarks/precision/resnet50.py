@@ -13,7 +13,8 @@ equivalent definition below.
 
     python benchmarks/precision/resnet50.py [--tiny] [--out DIR] [--variants a,b] [--seconds S]
 
-Writes ``DIR/resnet50.json`` (rewritten after every variant) and ``DIR/resnet50.md``.
+Writes ``DIR/resnet50.json`` and ``DIR/resnet50.md``, both rewritten after every variant so that
+a run cut short keeps what it measured.
 """
 
 from __future__ import annotations
@@ -124,7 +125,7 @@ def build_model(tiny: bool, size: int, device: str) -> tuple[nn.Module, str]:
     """The eval-mode model on the CPU, and where its definition came from."""
     torch.manual_seed(0)
     try:
-        import torchvision
+        import torchvision  # type: ignore[import-not-found,unused-ignore]
 
         make = torchvision.models.resnet18 if tiny else torchvision.models.resnet50
         net: nn.Module = make(weights=None)
@@ -171,7 +172,8 @@ def write_repo(repo: Path, net: nn.Module, size: int, names: list[str], gpu: str
     example = torch.randn(2, 3, size, size)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # TorchScript and the legacy ONNX exporter are deprecated
-        traced: Any = torch.jit.trace(net, example)
+        trace: Callable[..., Any] = torch.jit.trace  # unannotated
+        traced = trace(net, example)
         traced.save(str(repo / "model.pt"))
         if any(VARIANTS[n][0] == "onnxruntime" for n in names):
             # The legacy exporter: the dynamo one needs onnxscript, which the GPU box may lack.
@@ -248,15 +250,9 @@ def instance_facts(inst: Any) -> Row:
     facts: Row = {}
     if hasattr(inst, "memory_usage"):
         facts["memory_usage"] = [dataclasses.asdict(use) for use in inst.memory_usage()]
-    report = getattr(inst, "precision_report", None)
-    if report is not None:
-        accuracy = getattr(report, "accuracy", None)
-        facts["precision_report"] = {
-            "precision": str(getattr(report.precision, "value", report.precision)),
-            "cache": getattr(report, "cache", ""),
-            "accuracy": accuracy.to_json() if accuracy is not None else None,
-            "details": dict(getattr(report, "details", {})),
-        }
+    report = getattr(inst, "precision_report", None)  # precision, guard figures, cache hit
+    if dataclasses.is_dataclass(report) and not isinstance(report, type):
+        facts["precision_report"] = dataclasses.asdict(report)
     gpu_path = getattr(inst, "gpu", None)
     if gpu_path is not None:
         facts["graph_batch_sizes"] = gpu_path.graphs.batch_sizes if gpu_path.graphs else None
@@ -444,7 +440,9 @@ def main() -> None:
         if ref is not None:
             doc["distinct_top1_classes"] = len(np.unique(ref.argmax(axis=1)))
         doc["results"] = {n: {k: v for k, v in r.items() if k != "logits"} for n, r in results.items()}  # fmt: skip
-        (args.out / "resnet50.json").write_text(json.dumps(doc, indent=1) + "\n")
+        text = json.dumps(doc, indent=1) + "\n"
+        (args.out / "resnet50.json").write_text(text)
+        (args.out / "resnet50.md").write_text(markdown(json.loads(text)))  # JSON's str keys
 
     with tempfile.TemporaryDirectory(prefix="precision-") as tmp:
         write_repo(Path(tmp), net, args.size, names, gpu)
@@ -467,9 +465,7 @@ def main() -> None:
                 + (f"ERROR {row['error']}" if "error" in row else f"{load}img/s {rates}")
             )
             save()
-    report = markdown(json.loads((args.out / "resnet50.json").read_text()))
-    (args.out / "resnet50.md").write_text(report)
-    print(report, flush=True)
+    print((args.out / "resnet50.md").read_text(), flush=True)
     log(f"wrote {args.out}/resnet50.json and resnet50.md")
 
 

@@ -15,6 +15,7 @@ built, so a cached load neither converts, calibrates nor re-measures.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,8 @@ from infermux.backends.precision import (
 )
 from infermux.errors import ModelLoadError
 from infermux.model_config import ModelConfig
+
+logger = logging.getLogger(__name__)
 
 SessionFactory = Callable[[str], Any]
 """Makes an ``InferenceSession`` of a model file with the instance's options and providers."""
@@ -131,9 +134,19 @@ def _quantize(
         def get_next(self) -> dict[str, Any] | None:
             return next(self._batches, None)
 
+    # onnxruntime's recommended first step: shape inference plus graph optimisation (folding
+    # batch norms into convolutions, ...), so that quantisation sees the graph that will run.
+    prepared = target.with_name("preprocessed.onnx")
+    try:
+        from onnxruntime.quantization.shape_inference import quant_pre_process
+
+        quant_pre_process(str(source), str(prepared))
+    except Exception as exc:
+        logger.info("onnxruntime's quantisation pre-processing failed, skipping it: %s", exc)
+        prepared = source
     try:
         quantization.quantize_static(
-            str(source),
+            str(prepared),
             str(target),
             Reader(),
             quant_format=quantization.QuantFormat.QDQ,
@@ -146,6 +159,9 @@ def _quantize(
         )
     except Exception as exc:
         raise ModelLoadError(f"onnxruntime could not quantise {source} to int8: {exc}") from exc
+    finally:
+        if prepared != source:
+            prepared.unlink(missing_ok=True)
 
 
 def _to_fp16(source: Path, target: Path) -> None:

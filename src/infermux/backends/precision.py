@@ -197,8 +197,13 @@ def load_calibration(config: ModelConfig, path: Path) -> Arrays:
     present, datatype convertible, shape matching past the row axis, the same row count."""
     where = f"model '{config.name}': parameter {CALIBRATION_DATA} ({path})"
     try:
-        with np.load(path, allow_pickle=False) as archive:
-            arrays = {name: archive[name] for name in archive.files}
+        # Opened here, not by np.load, which leaks the file when it is not a zip archive.
+        with path.open("rb") as stream:
+            archive = np.load(stream, allow_pickle=False)
+            if not isinstance(archive, np.lib.npyio.NpzFile):
+                raise ValueError("it holds one array, not named arrays (np.savez writes .npz)")
+            with archive:
+                arrays = {name: archive[name] for name in archive.files}
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
         raise ModelLoadError(f"{where}: not a readable .npz: {exc}") from exc
     data: Arrays = {}
