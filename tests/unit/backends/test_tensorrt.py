@@ -289,6 +289,19 @@ def test_without_cuda_load_says_a_gpu_is_needed(
         TensorRTBackend().load(context_for(write_version(tmp_path)))
 
 
+@pytest.mark.parametrize("precision", ["fp16", "bf16", "int8"])
+def test_a_reduced_precision_parameter_is_refused_saying_plans_carry_their_own(
+    tmp_path: Path, precision: str
+) -> None:
+    config = CONFIG + f'parameters {{ key: "precision" value {{ string_value: "{precision}" }} }}\n'
+    if precision == "int8":
+        config += 'parameters { key: "calibration_data" value { string_value: "cal.npz" } }\n'
+    model_dir = write_version(tmp_path, config)
+    np.savez(model_dir / "cal.npz", x=np.zeros(1))
+    with pytest.raises(ModelLoadError, match=r"precision is fixed when the plan is built"):
+        TensorRTBackend().load(context_for(model_dir, config))
+
+
 def test_registry_maps_tensorrt_plan_to_this_backend() -> None:
     backend = BackendRegistry().get(make_config())
     assert isinstance(backend, TensorRTBackend)
