@@ -47,6 +47,34 @@ def mlp_model(k: str | int = 4) -> Any:
     )
 
 
+WIDTH = 32
+
+
+def classifier(seed: int = 0) -> Any:
+    """Y = relu(X @ W1 + B1) @ W2 with X [N, WIDTH] and Y [N, 10]: a small classifier, large
+    enough to quantise (the reduced-precision tests)."""
+    rng = np.random.default_rng(seed)
+    T = onnx.TensorProto
+    w1 = (rng.standard_normal((WIDTH, 64)) / np.sqrt(WIDTH)).astype(np.float32)
+    b1 = rng.standard_normal(64).astype(np.float32) * 0.1
+    w2 = (rng.standard_normal((64, 10)) / 8).astype(np.float32)
+    return make_model(
+        [
+            onnx.helper.make_node("MatMul", ["X", "W1"], ["H0"]),
+            onnx.helper.make_node("Add", ["H0", "B1"], ["H1"]),
+            onnx.helper.make_node("Relu", ["H1"], ["H"]),
+            onnx.helper.make_node("MatMul", ["H", "W2"], ["Y"]),
+        ],
+        [tensor("X", T.FLOAT, ["N", WIDTH])],
+        [tensor("Y", T.FLOAT, ["N", 10])],
+        initializer=[
+            onnx.numpy_helper.from_array(w1, "W1"),
+            onnx.numpy_helper.from_array(b1, "B1"),
+            onnx.numpy_helper.from_array(w2, "W2"),
+        ],
+    )
+
+
 def add_sub_model() -> Any:
     """Triton's "simple" model: OUTPUT0 = INPUT0 + INPUT1, OUTPUT1 = INPUT0 - INPUT1 (INT32)."""
     T = onnx.TensorProto

@@ -20,9 +20,8 @@ from infermux.repository import load_model_config
 ort = pytest.importorskip("onnxruntime")
 onnx = pytest.importorskip("onnx")
 
-from tests.onnx_models import make_model, tensor, write_onnx_model  # noqa: E402
+from tests.onnx_models import WIDTH, classifier, write_onnx_model  # noqa: E402
 
-WIDTH = 32
 CONFIG = f"""
 platform: "onnxruntime_onnx"
 max_batch_size: 16
@@ -33,30 +32,6 @@ output [ {{ name: "Y", data_type: TYPE_FP32, dims: [ 10 ] }} ]
 
 def parameter(key: str, value: str) -> str:
     return f'parameters {{ key: "{key}" value {{ string_value: "{value}" }} }}\n'
-
-
-def classifier(seed: int = 0) -> Any:
-    """Y = relu(X @ W1 + B1) @ W2: a small two-layer classifier, large enough to quantise."""
-    rng = np.random.default_rng(seed)
-    T = onnx.TensorProto
-    w1 = (rng.standard_normal((WIDTH, 64)) / np.sqrt(WIDTH)).astype(np.float32)
-    b1 = rng.standard_normal(64).astype(np.float32) * 0.1
-    w2 = (rng.standard_normal((64, 10)) / 8).astype(np.float32)
-    return make_model(
-        [
-            onnx.helper.make_node("MatMul", ["X", "W1"], ["H0"]),
-            onnx.helper.make_node("Add", ["H0", "B1"], ["H1"]),
-            onnx.helper.make_node("Relu", ["H1"], ["H"]),
-            onnx.helper.make_node("MatMul", ["H", "W2"], ["Y"]),
-        ],
-        [tensor("X", T.FLOAT, ["N", WIDTH])],
-        [tensor("Y", T.FLOAT, ["N", 10])],
-        initializer=[
-            onnx.numpy_helper.from_array(w1, "W1"),
-            onnx.numpy_helper.from_array(b1, "B1"),
-            onnx.numpy_helper.from_array(w2, "W2"),
-        ],
-    )
 
 
 def rows(count: int, seed: int = 1) -> npt.NDArray[np.float32]:
