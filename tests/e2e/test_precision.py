@@ -66,7 +66,7 @@ def infer(server: ServerProcess, model: str, x: np.ndarray) -> np.ndarray:
         result = client.infer(model, [tensor])
         answer = result.as_numpy("Y")
         assert answer is not None
-        return answer
+        return np.asarray(answer)
 
 
 def test_int8_is_calibrated_once_and_a_restart_reuses_the_cache(tmp_path: Path) -> None:
