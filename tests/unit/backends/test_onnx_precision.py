@@ -85,9 +85,12 @@ def test_int8_is_calibrated_once_then_reused_from_the_cache(tmp_path: Path) -> N
     assert report.accuracy.rows == 64
     assert report.accuracy.source == "cal.npz"
     assert 0 < report.accuracy.outputs["Y"].relative_error < 0.15
-    # The session runs the quantised graph: QDQ nodes, int8 weights.
+    # The session runs the quantised graph: QDQ nodes, int8 weights, uint8 activations (the
+    # CPU's fast u8s8 kernels).
     quantised = onnx.load(report.details["cache"] + "/model.onnx")
     assert {"QuantizeLinear", "DequantizeLinear"} <= {n.op_type for n in quantised.graph.node}
+    points = {i.data_type for i in quantised.graph.initializer if i.name.endswith("zero_point")}
+    assert {onnx.TensorProto.UINT8, onnx.TensorProto.INT8} <= points  # (and int32 biases)
     x = rows(5, seed=7)
     got, expected = answer(first, x), fp32_answer(x)
     assert got.dtype == np.float32
@@ -101,7 +104,7 @@ def test_int8_is_calibrated_once_then_reused_from_the_cache(tmp_path: Path) -> N
     np.testing.assert_array_equal(answer(second, x), got)
 
 
-@pytest.mark.parametrize("change", ["calibration data", "model", "settings"])
+@pytest.mark.parametrize("change", ["calibration data", "model", "settings", "activations"])
 def test_a_changed_key_recalibrates(tmp_path: Path, change: str) -> None:
     model_dir = write(tmp_path)
     first = load(model_dir).precision_report.details["cache"]
@@ -110,9 +113,12 @@ def test_a_changed_key_recalibrates(tmp_path: Path, change: str) -> None:
         np.savez(model_dir / "cal.npz", X=rows(64, seed=99))
     elif change == "model":
         (model_dir / "1" / "model.onnx").write_bytes(classifier(seed=5).SerializeToString())
-    else:
+    elif change == "settings":
         config = model_dir / "config.pbtxt"
         config.write_text(config.read_text() + parameter("int8_per_channel", "false"))
+    else:  # the CPU default is uint8 activations; asking for int8 is another artifact
+        config = model_dir / "config.pbtxt"
+        config.write_text(config.read_text() + parameter("int8_activation_type", "int8"))
     report = load(model_dir).precision_report
     assert report.cache == "miss"
     assert builds() == before + 1
@@ -215,6 +221,7 @@ def test_bf16_is_refused_saying_which_backends_serve_it(tmp_path: Path) -> None:
     [
         (parameter("int8_per_channel", "maybe"), "parameter int8_per_channel must be"),
         (parameter("int8_calibration_method", "guess"), "parameter int8_calibration_method"),
+        (parameter("int8_activation_type", "int4"), "parameter int8_activation_type must be"),
     ],
 )
 def test_bad_int8_options_fail_naming_the_parameter(tmp_path: Path, extra: str, named: str) -> None:
