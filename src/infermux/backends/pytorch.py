@@ -39,7 +39,7 @@ from infermux.backends.base import ModelContext, model_file
 from infermux.backends.precision import PrecisionReport, PrecisionSettings
 from infermux.backends.tensor import StackedInstance, require_no_bytes
 from infermux.backends.torch_gpu import GpuPath
-from infermux.backends.torch_model import TorchModel
+from infermux.backends.torch_model import TorchModel, reason
 from infermux.backends.torch_model import load as load_model
 from infermux.backends.torch_signature import flag
 from infermux.backends.torch_tensors import (
@@ -125,7 +125,7 @@ class PyTorchBackend:
         except Exception as exc:
             raise ModelLoadError(
                 f"model '{config.name}' version {context.version}: cannot load {path}: "
-                f"{_reason(exc)}"
+                f"{reason(exc)}"
             ) from exc
         try:
             instance = PyTorchInstance(context, lease.value, device, compile_model)
@@ -216,7 +216,7 @@ class PyTorchInstance(StackedInstance):
                 raise
             except Exception as exc:
                 logger.debug("model '%s' failed", name, exc_info=True)
-                raise InternalError(f"model '{name}' failed: {_reason(exc)}") from exc
+                raise InternalError(f"model '{name}' failed: {reason(exc)}") from exc
 
     def close(self) -> None:
         self._model = self._compiled = None
@@ -236,7 +236,7 @@ class PyTorchInstance(StackedInstance):
                 logger.warning(
                     "model '%s': torch.compile is unavailable, running eagerly: %s",
                     self.config.name,
-                    _reason(exc),
+                    reason(exc),
                 )
         if self._compiled is not None:
             try:
@@ -248,7 +248,7 @@ class PyTorchInstance(StackedInstance):
                 logger.warning(
                     "model '%s': the compiled model failed, running eagerly from now on: %s",
                     self.config.name,
-                    _reason(exc),
+                    reason(exc),
                 )
                 self._compiled = None
                 return result
@@ -290,12 +290,3 @@ def _thread_count(config: ModelConfig) -> int:
             f"(0 = PyTorch's default), got {value!r}"
         )
     return int(value)
-
-
-def _reason(exc: BaseException) -> str:
-    """An exception's message without the TorchScript or C++ traces that torch appends."""
-    text = str(exc).strip()
-    if text.startswith("The following operation failed in the TorchScript interpreter"):
-        text = text.splitlines()[-1]  # the model's own error comes last, after its traceback
-    text = text.split("\nException raised from", 1)[0]  # TORCH_SHOW_CPP_STACKTRACES=1
-    return text or type(exc).__name__

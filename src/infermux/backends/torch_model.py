@@ -55,6 +55,8 @@ class TorchModel:
     module: Callable[..., Any]
     signature: Signature
     dtype: torch.dtype | None = None
+    """Float inputs are cast to it and float outputs back to the config's datatypes (None: no
+    casts, the file and the config agree)."""
     report: PrecisionReport = field(default_factory=PrecisionReport)
 
     def forward(
@@ -107,6 +109,9 @@ def load(
         return model
     dtype = torch.float16 if settings.precision is Precision.FP16 else torch.bfloat16
     inputs = guard_inputs(config, settings)
+    # The reference is the file's own fp32, whatever datatypes the config gives clients (FP16
+    # inputs, say, for a model served in fp16 end to end).
+    model.dtype = torch.float32
     reference = _run(model, device, inputs[0]) if inputs else None
     to: Callable[[torch.dtype], Callable[..., Any]] = model.module.to  # type: ignore[attr-defined]
     model.module, model.dtype = to(dtype), dtype
@@ -141,13 +146,15 @@ def _quantized(
         from torch.ao import quantization
 
         data = load_calibration(config, calibration)
-        model = TorchModel(loader(path, cpu), signature)
+        # Float tensors meet the quantised model as fp32 (its float boundary), whatever the config's
+        # datatypes: quantize/dequantize nodes take fp32.
+        model = TorchModel(loader(path, cpu), signature, torch.float32)
         if not isinstance(model.module, torch.jit.ScriptModule):
             raise ModelLoadError(f"model '{config.name}': int8 needs a TorchScript module")
         reference = _run(model, cpu, data)
 
         def calibrate(module: Any, rows: Arrays) -> None:
-            observed = TorchModel(module, signature)
+            observed = TorchModel(module, signature, torch.float32)
             for batch in batches(config, rows):
                 observed.forward(_tensors(batch, cpu), _call)
 
@@ -164,7 +171,7 @@ def _quantized(
                 f"model '{config.name}': torch.ao could not quantise {path} to int8: {exc}"
             ) from exc
         rows = len(next(iter(data.values())))
-        reduced = _run(TorchModel(quantized, signature), cpu, data)
+        reduced = _run(TorchModel(quantized, signature, torch.float32), cpu, data)
         accuracy = compare(reference, reduced, rows, calibration.name)
         torch.jit.save(quantized, str(artifact))
         return {"accuracy": accuracy.to_json(), "settings": {"engine": engine}}
@@ -177,7 +184,7 @@ def _quantized(
     report = PrecisionReport(
         settings.precision, accuracy, entry.outcome, {"cache": str(cache.path)}
     )
-    return TorchModel(module, signature, None, report)
+    return TorchModel(module, signature, torch.float32, report)
 
 
 def _run(model: TorchModel, device: torch.device, data: Arrays) -> Arrays:
@@ -196,7 +203,7 @@ def _run(model: TorchModel, device: torch.device, data: Arrays) -> Arrays:
     except Exception as exc:
         raise ModelLoadError(
             f"model '{model.signature.config.name}' failed on the accuracy guard's inputs"
-            f"{f' at {model.dtype}' if model.dtype else ''}: {exc}"
+            f"{f' at {model.dtype}' if model.dtype else ''}: {reason(exc)}"
         ) from exc
 
 
@@ -224,3 +231,12 @@ def _quiet_quantization() -> None:
         r"`torch\.jit\.(script|save|load|freeze)` is deprecated",
     ):
         warnings.filterwarnings("ignore", message=message)
+
+
+def reason(exc: BaseException) -> str:
+    """An exception's message without the TorchScript or C++ traces that torch appends."""
+    text = str(exc).strip()
+    if text.startswith("The following operation failed in the TorchScript interpreter"):
+        text = text.splitlines()[-1]  # the model's own error comes last, after its traceback
+    text = text.split("\nException raised from", 1)[0]  # TORCH_SHOW_CPP_STACKTRACES=1
+    return text or type(exc).__name__

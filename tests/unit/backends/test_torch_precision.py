@@ -94,6 +94,25 @@ def test_half_precisions_cast_the_weights_and_keep_fp32_at_the_boundary(
     assert 0 < error < 0.02  # close, and not the fp32 weights
 
 
+def test_half_precision_end_to_end_with_fp16_inputs_and_outputs(tmp_path: Path) -> None:
+    model_dir = write_torch_model(
+        tmp_path,
+        script(Net().eval()),
+        inputs=[("INPUT__0", "FP16", "[ 3, 8, 8 ]")],
+        outputs=[("OUTPUT__0", "FP16", "[ 10 ]")],
+        extra=parameter("precision", "fp16") + parameter("calibration_data", "cal.npz"),
+    )
+    np.savez(model_dir / "cal.npz", INPUT__0=images(16))  # float32 rows, converted on load
+    instance = load(model_dir)
+    report = instance.precision_report
+    assert report.accuracy is not None  # the reference ran the file's fp32 weights
+    assert report.accuracy.outputs["OUTPUT__0"].relative_error < 0.01
+    x = images(2, seed=6)
+    (result,) = execute(instance, {"INPUT__0": x.astype(np.float16)})
+    assert result["OUTPUT__0"].dtype == np.float16
+    assert relative_error(result["OUTPUT__0"].astype(np.float32), fp32(x)) < 0.01
+
+
 def test_half_precision_without_calibration_data_is_guarded_on_random_rows(
     tmp_path: Path,
 ) -> None:
