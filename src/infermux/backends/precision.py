@@ -12,8 +12,8 @@ Config ``parameters`` (every one optional):
   accuracy guard, which otherwise runs on seeded random inputs when every input is a fixed-shape
   float tensor, and is skipped (with a log line) when it cannot make inputs.
 - ``accuracy_tolerance``: the largest relative error allowed against fp32, per output:
-  ``||reduced - fp32|| / ||fp32||`` over every calibration row. Defaults: fp16 0.01, bf16 0.05,
-  int8 0.15.
+  ``||reduced - fp32|| / ||fp32||`` over every calibration row. Defaults: fp16 0.05, bf16 0.1,
+  int8 0.25.
 - ``accuracy_action``: ``refuse`` (default: the load fails, naming the output and the figures)
   or ``warn``.
 
@@ -62,7 +62,11 @@ class Precision(str, enum.Enum):
     INT8 = "int8"
 
 
-_DEFAULT_TOLERANCE = {Precision.FP16: 0.01, Precision.BF16: 0.05, Precision.INT8: 0.15}
+# Defaults that catch a broken conversion (an overflow, an operator that lost its meaning: errors
+# near 1 or infinite) without refusing sound ones: deep networks with random weights, the
+# harshest case, measured fp16 0.028, bf16 0.13 and int8 0.18 on ResNet-50
+# (benchmarks/results/precision). Operators tune them to their model.
+_DEFAULT_TOLERANCE = {Precision.FP16: 0.05, Precision.BF16: 0.1, Precision.INT8: 0.25}
 
 
 @dataclass(frozen=True, slots=True)
