@@ -48,6 +48,12 @@ def mlp_model(k: str | int = 4) -> Any:
 
 
 WIDTH = 32
+CLASSIFIER_CONFIG = f"""
+platform: "onnxruntime_onnx"
+max_batch_size: 16
+input [ {{ name: "X", data_type: TYPE_FP32, dims: [ {WIDTH} ] }} ]
+output [ {{ name: "Y", data_type: TYPE_FP32, dims: [ 10 ] }} ]
+"""
 
 
 def classifier(seed: int = 0) -> Any:

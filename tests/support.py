@@ -59,6 +59,11 @@ class Model:
 """
 
 
+def parameter(key: str, value: str) -> str:
+    """One config.pbtxt ``parameters`` entry with a string value."""
+    return f'parameters {{ key: "{key}" value {{ string_value: "{value}" }} }}\n'
+
+
 def config_type(datatype: str) -> str:
     return "TYPE_STRING" if datatype == "BYTES" else f"TYPE_{datatype}"
 

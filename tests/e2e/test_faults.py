@@ -23,7 +23,7 @@ import tritonclient.http as httpclient
 from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
-from tests.support import IDENTITY_MODEL, ServerProcess, start_server, write_model
+from tests.support import IDENTITY_MODEL, ServerProcess, parameter, start_server, write_model
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="signals and fork-free spawn: POSIX")
 
@@ -54,10 +54,6 @@ class Model:
             results.append({"OUTPUT0": np.full(shape, WHO, dtype=np.int64)})
         return results
 """
-
-
-def parameter(key: str, value: str) -> str:
-    return f'parameters {{ key: "{key}" value: {{ string_value: "{value}" }} }}\n'
 
 
 def faulty(who: str) -> str:

@@ -13,34 +13,23 @@ import pytest
 import tritonclient.http as httpclient
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support import ServerProcess, start_server
+from tests.support import ServerProcess, parameter, start_server
 
 ort = pytest.importorskip("onnxruntime")
 onnx = pytest.importorskip("onnx")
 
-from tests.onnx_models import WIDTH, classifier, write_onnx_model  # noqa: E402
+from tests.onnx_models import CLASSIFIER_CONFIG, WIDTH, classifier, write_onnx_model  # noqa: E402
 
 pytestmark = pytest.mark.e2e
-
-CONFIG = f"""
-platform: "onnxruntime_onnx"
-max_batch_size: 16
-input [ {{ name: "X", data_type: TYPE_FP32, dims: [ {WIDTH} ] }} ]
-output [ {{ name: "Y", data_type: TYPE_FP32, dims: [ 10 ] }} ]
-"""
-
-
-def parameter(key: str, value: str) -> str:
-    return f'parameters {{ key: "{key}" value {{ string_value: "{value}" }} }}\n'
 
 
 def repository(tmp_path: Path) -> Path:
     repo = tmp_path / "repo"
     int8 = parameter("precision", "int8") + parameter("calibration_data", "cal.npz")
-    model_dir = write_onnx_model(repo, "q8", classifier(), CONFIG + int8)
+    model_dir = write_onnx_model(repo, "q8", classifier(), CLASSIFIER_CONFIG + int8)
     np.savez(model_dir / "cal.npz", X=rows(64, seed=1))
-    write_onnx_model(repo, "fp32", classifier(), CONFIG)
-    write_onnx_model(repo, "bad", classifier(), CONFIG + parameter("precision", "fp7"))
+    write_onnx_model(repo, "fp32", classifier(), CLASSIFIER_CONFIG)
+    write_onnx_model(repo, "bad", classifier(), CLASSIFIER_CONFIG + parameter("precision", "fp7"))
     return repo
 
 

@@ -31,7 +31,7 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.support import ServerProcess, start_server, write_model
+from tests.support import ServerProcess, parameter, start_server, write_model
 
 pytest.importorskip("ray.serve", reason="Ray is an optional extra (pip install 'infermux[ray]')")
 
@@ -49,10 +49,6 @@ class Model:
         pid = os.getpid()
         return [{"OUTPUT0": np.full(r.inputs["INPUT0"].shape, pid, np.int64)} for r in requests]
 """
-
-
-def parameter(key: str, value: str) -> str:
-    return f'parameters {{ key: "{key}" value: {{ string_value: "{value}" }} }}\n'
 
 
 def free_port() -> int:

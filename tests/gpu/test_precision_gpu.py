@@ -13,6 +13,7 @@ import torch
 from infermux.errors import ModelLoadError
 from infermux.runtime import WEIGHTS
 from tests.gpu.torch_models import WIDTH, Wide, close, load, rows, run, write
+from tests.support import parameter
 
 pytestmark = [
     pytest.mark.gpu,
@@ -20,10 +21,6 @@ pytestmark = [
 ]
 
 GRAPHS = "optimization { cuda { graphs: true } }\n"
-
-
-def parameter(key: str, value: str) -> str:
-    return f'parameters {{ key: "{key}" value {{ string_value: "{value}" }} }}\n'
 
 
 def weights(instance: object) -> int:

@@ -27,13 +27,12 @@ from typing import Any
 from infermux.backends.base import ModelContext
 from infermux.backends.calibration_cache import CalibrationCache, cache_key
 from infermux.backends.precision import (
-    Accuracy,
     Arrays,
     Precision,
     PrecisionReport,
     PrecisionSettings,
     batches,
-    check,
+    cached_artifact,
     compare,
     guard_inputs,
     run_rows,
@@ -90,14 +89,8 @@ def prepare(
             accuracy = compare(reference, reduced, rows, origin)
         return {"accuracy": accuracy.to_json() if accuracy else None, "settings": options}
 
-    entry = cache.get_or_build(build)
-    recorded = entry.meta.get("accuracy")
-    accuracy = Accuracy.from_json(recorded) if recorded else None
-    check(context, settings, accuracy)
-    report = PrecisionReport(
-        settings.precision, accuracy, entry.outcome, {"cache": str(cache.path)}
-    )
-    return str(entry.artifact), report
+    artifact, report = cached_artifact(context, settings, cache, build)
+    return str(artifact), report
 
 
 def _runner(session: Any, config: ModelConfig) -> Callable[[Arrays], Mapping[str, Any]]:

@@ -36,6 +36,7 @@ import numpy as np
 import numpy.typing as npt
 
 from infermux.backends.base import ModelContext
+from infermux.backends.calibration_cache import CalibrationCache
 from infermux.errors import ModelLoadError
 from infermux.model_config import ModelConfig
 from infermux.types import numpy_dtype
@@ -355,6 +356,22 @@ def check(context: ModelContext, settings: PrecisionSettings, accuracy: Accuracy
     if settings.refuse:
         raise ModelLoadError(f"{message}; set {ACTION} 'warn' to serve it anyway")
     logger.warning("%s; serving it anyway (%s is 'warn')", message, ACTION)
+
+
+def cached_artifact(
+    context: ModelContext,
+    settings: PrecisionSettings,
+    cache: CalibrationCache,
+    build: Callable[[Path], Mapping[str, Any]],
+) -> tuple[Path, PrecisionReport]:
+    """The cache's artifact, built by ``build`` (which records ``accuracy``) when missing or
+    corrupt; the recorded figures are checked against today's tolerance."""
+    entry = cache.get_or_build(build)
+    recorded = entry.meta.get("accuracy")
+    accuracy = Accuracy.from_json(recorded) if recorded else None
+    check(context, settings, accuracy)
+    details = {"cache": str(cache.path)}
+    return entry.artifact, PrecisionReport(settings.precision, accuracy, entry.outcome, details)
 
 
 def _optional(value: Any) -> float | None:

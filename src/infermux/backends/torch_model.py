@@ -24,12 +24,12 @@ from typing import TYPE_CHECKING, Any
 from infermux.backends.base import ModelContext
 from infermux.backends.calibration_cache import CalibrationCache, cache_key
 from infermux.backends.precision import (
-    Accuracy,
     Arrays,
     Precision,
     PrecisionReport,
     PrecisionSettings,
     batches,
+    cached_artifact,
     check,
     compare,
     guard_inputs,
@@ -176,15 +176,8 @@ def _quantized(
         torch.jit.save(quantized, str(artifact))
         return {"accuracy": accuracy.to_json(), "settings": {"engine": engine}}
 
-    entry = cache.get_or_build(build)
-    recorded = entry.meta.get("accuracy")
-    accuracy = Accuracy.from_json(recorded) if recorded else None
-    check(context, settings, accuracy)
-    module = loader(str(entry.artifact), cpu)
-    report = PrecisionReport(
-        settings.precision, accuracy, entry.outcome, {"cache": str(cache.path)}
-    )
-    return TorchModel(module, signature, torch.float32, report)
+    artifact, report = cached_artifact(context, settings, cache, build)
+    return TorchModel(loader(str(artifact), cpu), signature, torch.float32, report)
 
 
 def _run(model: TorchModel, device: torch.device, data: Arrays) -> Arrays:

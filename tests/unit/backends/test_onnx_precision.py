@@ -16,22 +16,12 @@ from infermux.backends.calibration_cache import BUILDS, CACHE_DIRNAME
 from infermux.backends.onnxruntime import OnnxRuntimeBackend
 from infermux.errors import ModelLoadError
 from infermux.repository import load_model_config
+from tests.support import parameter
 
 ort = pytest.importorskip("onnxruntime")
 onnx = pytest.importorskip("onnx")
 
-from tests.onnx_models import WIDTH, classifier, write_onnx_model  # noqa: E402
-
-CONFIG = f"""
-platform: "onnxruntime_onnx"
-max_batch_size: 16
-input [ {{ name: "X", data_type: TYPE_FP32, dims: [ {WIDTH} ] }} ]
-output [ {{ name: "Y", data_type: TYPE_FP32, dims: [ 10 ] }} ]
-"""
-
-
-def parameter(key: str, value: str) -> str:
-    return f'parameters {{ key: "{key}" value {{ string_value: "{value}" }} }}\n'
+from tests.onnx_models import CLASSIFIER_CONFIG, WIDTH, classifier, write_onnx_model  # noqa: E402
 
 
 def rows(count: int, seed: int = 1) -> npt.NDArray[np.float32]:
@@ -43,7 +33,7 @@ def write(tmp_path: Path, precision: str = "int8", extra: str = "", seed: int = 
         tmp_path,
         "m",
         classifier(seed),
-        CONFIG
+        CLASSIFIER_CONFIG
         + parameter("precision", precision)
         + parameter("calibration_data", "cal.npz")
         + extra,
@@ -204,7 +194,7 @@ def test_fp16_converts_the_graph_and_keeps_fp32_inputs_and_outputs(tmp_path: Pat
 
 def test_fp16_without_calibration_data_is_guarded_on_random_rows(tmp_path: Path) -> None:
     model_dir = write_onnx_model(
-        tmp_path, "m", classifier(), CONFIG + parameter("precision", "fp16")
+        tmp_path, "m", classifier(), CLASSIFIER_CONFIG + parameter("precision", "fp16")
     )
     report = load(model_dir).precision_report
     assert report.accuracy is not None

@@ -25,6 +25,7 @@ from infermux.backends.precision import (
 from infermux.errors import ModelLoadError
 from infermux.model_config import ModelConfig
 from infermux.repository import load_model_config
+from tests.support import parameter
 
 CONFIG = """name: "m"
 backend: "python"
@@ -33,10 +34,6 @@ input [ { name: "X", data_type: TYPE_FP32, dims: [ 3 ] },
         { name: "IDS", data_type: TYPE_INT64, dims: [ -1 ] , optional: true } ]
 output [ { name: "Y", data_type: TYPE_FP32, dims: [ 3 ] } ]
 """
-
-
-def parameter(key: str, value: str) -> str:
-    return f'parameters {{ key: "{key}" value {{ string_value: "{value}" }} }}\n'
 
 
 def context(tmp_path: Path, extra: str = "", config: str = CONFIG) -> ModelContext:

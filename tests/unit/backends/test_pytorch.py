@@ -21,7 +21,7 @@ from infermux.backends import BackendRegistry, ExecuteResult, ModelContext, Mode
 from infermux.backends.pytorch import PyTorchBackend, PyTorchInstance
 from infermux.errors import InternalError, InvalidArgumentError, ModelLoadError
 from infermux.repository import load_model_config
-from tests.support import config_type
+from tests.support import config_type, parameter
 
 Tensors = Sequence[tuple[str, str, str]]  # (name, datatype, dims)
 
@@ -129,10 +129,6 @@ def write_torch_model(
         with quiet():
             model.save(str(path))
     return model_dir
-
-
-def parameter(key: str, value: str) -> str:
-    return f'parameters {{ key: "{key}" value {{ string_value: "{value}" }} }}\n'
 
 
 def load(model_dir: Path, device: str = "cpu") -> PyTorchInstance:

@@ -16,10 +16,10 @@ from infermux.backends.calibration_cache import BUILDS
 from infermux.backends.torch_model import load as load_model
 from infermux.errors import ModelLoadError
 from infermux.repository import load_model_config
+from tests.support import parameter
 from tests.unit.backends.test_pytorch import (
     execute,
     load,
-    parameter,
     quiet,
     script,
     write_torch_model,
@@ -205,39 +205,27 @@ def load_context(model_dir: Path) -> ModelContext:
     return ModelContext(load_model_config(model_dir), 1, model_dir, model_dir / "1", "m_0")
 
 
-def exported() -> torch.export.ExportedProgram:
+def write_exported(tmp_path: Path, settings: str) -> Path:
+    """``Net`` as a ``torch.export`` program (dynamic batch) with the given parameters."""
     batch = torch.export.Dim("batch", min=1, max=8)
     example = (torch.from_numpy(images(2)),)
-    return torch.export.export(Net().eval(), example, dynamic_shapes={"x": {0: batch}})
+    with quiet():
+        program = torch.export.export(Net().eval(), example, dynamic_shapes={"x": {0: batch}})
+    return write_torch_model(
+        tmp_path, program, platform="torch_export", inputs=INPUTS, outputs=OUTPUTS, extra=settings
+    )
 
 
 def test_int8_of_an_exported_program_is_refused_naming_the_alternatives(tmp_path: Path) -> None:
-    with quiet():
-        program = exported()
-    model_dir = write_torch_model(
-        tmp_path,
-        program,
-        platform="torch_export",
-        inputs=INPUTS,
-        outputs=OUTPUTS,
-        extra=parameter("precision", "int8") + parameter("calibration_data", "cal.npz"),
-    )
+    settings = parameter("precision", "int8") + parameter("calibration_data", "cal.npz")
+    model_dir = write_exported(tmp_path, settings)
     np.savez(model_dir / "cal.npz", INPUT__0=images(4))
     with pytest.raises(ModelLoadError, match=r"torch\.export programs needs torchao"):
         load(model_dir)
 
 
 def test_an_exported_program_runs_in_bf16(tmp_path: Path) -> None:
-    with quiet():
-        program = exported()
-    model_dir = write_torch_model(
-        tmp_path,
-        program,
-        platform="torch_export",
-        inputs=INPUTS,
-        outputs=OUTPUTS,
-        extra=parameter("precision", "bf16"),
-    )
+    model_dir = write_exported(tmp_path, parameter("precision", "bf16"))
     instance = load(model_dir)
     x = images(3, seed=4)
     results = instance.execute([ModelRequest({"INPUT__0": x}, ("OUTPUT__0",))])
