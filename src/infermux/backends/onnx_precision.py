@@ -1,7 +1,7 @@
 """Reduced precision for the ONNX Runtime backend: the model file a session should load.
 
-- ``fp16``: the graph converted by onnxruntime's own float16 converter, inputs and outputs kept
-  as declared (casts are inserted at the boundary).
+- ``fp16``: the graph converted by onnxruntime's own float16 converter; inputs and outputs stay
+  fp32 (casts are inserted at the boundary) unless the config declares them FP16.
 - ``int8``: static QDQ quantisation (``onnxruntime.quantization.quantize_static``) calibrated on
   the ``calibration_data`` rows: the format every execution provider reads, TensorRT's included.
   ``int8_per_channel`` (default true) quantises weights per output channel;
@@ -23,6 +23,8 @@ import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from infermux.backends.base import ModelContext
 from infermux.backends.calibration_cache import CalibrationCache, cache_key
@@ -47,6 +49,7 @@ SessionFactory = Callable[[str], Any]
 
 _METHODS = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile"}
 _ACTIVATIONS = {"uint8": "QUInt8", "int8": "QInt8"}
+_FLOATS = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64}
 
 
 def prepare(
@@ -79,7 +82,9 @@ def prepare(
             assert inputs is not None  # int8 cannot be asked for without calibration data
             _quantize(config, source, artifact, inputs[0], options)
         else:
-            _to_fp16(source, artifact)
+            # Inputs and outputs keep fp32 unless the config declares them FP16.
+            keep = [t.name for t in (*config.inputs, *config.outputs) if t.datatype != "FP16"]
+            _to_fp16(source, artifact, keep)
         accuracy = None
         if inputs is not None:
             data, origin = inputs
@@ -95,9 +100,13 @@ def prepare(
 
 def _runner(session: Any, config: ModelConfig) -> Callable[[Arrays], Mapping[str, Any]]:
     names = [t.name for t in config.outputs]
+    # Float inputs in the session's own types: the fp32 reference of a model whose config
+    # declares FP16 inputs (served in fp16 end to end) takes fp32.
+    floats = {arg.name: _FLOATS[arg.type] for arg in session.get_inputs() if arg.type in _FLOATS}
 
     def run(batch: Arrays) -> Mapping[str, Any]:
-        return dict(zip(names, session.run(names, batch), strict=True))
+        feed = {k: v.astype(floats[k], copy=False) if k in floats else v for k, v in batch.items()}
+        return dict(zip(names, session.run(names, feed), strict=True))
 
     return run
 
@@ -169,12 +178,12 @@ def _quantize(
             prepared.unlink(missing_ok=True)
 
 
-def _to_fp16(source: Path, target: Path) -> None:
+def _to_fp16(source: Path, target: Path, keep: list[str]) -> None:
     onnx = _onnx()
     from onnxruntime.transformers.float16 import convert_float_to_float16
 
     try:
-        converted = convert_float_to_float16(onnx.load(str(source)), keep_io_types=True)
+        converted = convert_float_to_float16(onnx.load(str(source)), keep_io_types=keep)
         onnx.save(converted, str(target))
     except Exception as exc:
         raise ModelLoadError(f"onnxruntime could not convert {source} to fp16: {exc}") from exc

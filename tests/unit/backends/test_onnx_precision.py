@@ -192,6 +192,24 @@ def test_fp16_converts_the_graph_and_keeps_fp32_inputs_and_outputs(tmp_path: Pat
     assert load(model_dir).precision_report.cache == "hit"
 
 
+def test_fp16_end_to_end_when_the_config_declares_fp16_inputs_and_outputs(
+    tmp_path: Path,
+) -> None:
+    config = CLASSIFIER_CONFIG.replace("TYPE_FP32", "TYPE_FP16") + parameter("precision", "fp16")
+    model_dir = write_onnx_model(
+        tmp_path, "m", classifier(), config + parameter("calibration_data", "cal.npz")
+    )
+    np.savez(model_dir / "cal.npz", X=rows(16))  # float32 rows: converted to the input's FP16
+    instance = load(model_dir)
+    report = instance.precision_report
+    assert report.accuracy is not None  # the reference ran the original fp32 graph
+    assert report.accuracy.outputs["Y"].relative_error < 0.01
+    x = rows(3, seed=8)
+    got = answer(instance, x.astype(np.float16))
+    assert got.dtype == np.float16
+    np.testing.assert_allclose(got.astype(np.float32), fp32_answer(x), rtol=0.02, atol=0.02)
+
+
 def test_fp16_without_calibration_data_is_guarded_on_random_rows(tmp_path: Path) -> None:
     model_dir = write_onnx_model(
         tmp_path, "m", classifier(), CLASSIFIER_CONFIG + parameter("precision", "fp16")
