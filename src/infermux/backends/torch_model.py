@@ -15,6 +15,7 @@ accuracy guard compares against the very model that was loaded, with no second c
 
 from __future__ import annotations
 
+import logging
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -43,6 +44,8 @@ from infermux.types import numpy_dtype
 
 if TYPE_CHECKING:
     import torch
+
+logger = logging.getLogger(__name__)
 
 Loader = Callable[[str, "torch.device"], Callable[..., Any]]
 
@@ -108,6 +111,15 @@ def load(
     if not settings.reduced:
         return model
     dtype = torch.float16 if settings.precision is Precision.FP16 else torch.bfloat16
+    if device.type == "cpu":
+        # Served as asked, but the operator should know: most CPU kernels for half types are
+        # slower than fp32 (bf16 is fast only with AVX512-BF16 or AMX).
+        logger.warning(
+            "model '%s': %s on a CPU instance usually runs slower than fp32; reduced precision "
+            "pays on GPUs (or use int8 on CPUs)",
+            config.name,
+            settings.precision.value,
+        )
     inputs = guard_inputs(config, settings)
     # The reference is the file's own fp32, whatever datatypes the config gives clients (FP16
     # inputs, say, for a model served in fp16 end to end).
