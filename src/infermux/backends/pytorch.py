@@ -111,7 +111,9 @@ class PyTorchBackend:
                 f"model '{config.name}': TORCH_COMPILE and optimization.cuda.graphs cannot be "
                 "combined; choose one"
             )
-        precision = PrecisionSettings.of(context).precision.value
+        # Weights cast to another precision are other weights (fp32 keeps the plain file key).
+        settings = PrecisionSettings.of(context)
+        variant = settings.precision.value if settings.reduced else ""
 
         def prepare() -> TorchModel:
             return load_model(context, path, device, loader, exported)
@@ -119,7 +121,7 @@ class PyTorchBackend:
         try:
             if device.type != "cuda":
                 return PyTorchInstance(context, prepare(), device, compile_model)
-            lease: Lease[TorchModel] = WEIGHTS.acquire(path, str(device), prepare, precision)
+            lease: Lease[TorchModel] = WEIGHTS.acquire(path, str(device), prepare, variant)
         except InfermuxError:
             raise
         except Exception as exc:
