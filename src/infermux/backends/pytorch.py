@@ -116,7 +116,7 @@ class PyTorchBackend:
         variant = settings.precision.value if settings.reduced else ""
 
         def prepare() -> TorchModel:
-            return load_model(context, path, device, loader, exported)
+            return load_model(context, settings, path, device, loader, exported=exported)
 
         try:
             if device.type != "cuda":

@@ -83,13 +83,18 @@ class TorchModel:
 
 
 def load(
-    context: ModelContext, path: str, device: torch.device, loader: Loader, exported: bool
+    context: ModelContext,
+    settings: PrecisionSettings,
+    path: str,
+    device: torch.device,
+    loader: Loader,
+    *,
+    exported: bool,
 ) -> TorchModel:
-    """``path`` loaded on ``device`` at the config's precision, checked by the accuracy guard."""
+    """``path`` loaded on ``device`` at ``settings``' precision, checked by the accuracy guard."""
     import torch
 
     config = context.config
-    settings = PrecisionSettings.of(context)
     signature = Signature.of(config)
     if settings.precision is Precision.INT8:
         if device.type != "cpu":

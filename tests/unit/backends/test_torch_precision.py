@@ -14,6 +14,7 @@ import torch
 
 from infermux.backends import ModelContext, ModelRequest
 from infermux.backends.calibration_cache import BUILDS
+from infermux.backends.precision import PrecisionSettings
 from infermux.backends.torch_model import load as load_model
 from infermux.errors import ModelLoadError
 from infermux.repository import load_model_config
@@ -194,9 +195,11 @@ def test_int8_quantises_calibrates_once_and_reloads_from_the_cache(tmp_path: Pat
 
 def test_int8_on_a_gpu_instance_is_refused_before_touching_the_device(tmp_path: Path) -> None:
     model_dir = write(tmp_path, "int8")
+    context = load_context(model_dir)
     with pytest.raises(ModelLoadError, match="int8 kernels run on the CPU only"):
         load_model(
-            load_context(model_dir),
+            context,
+            PrecisionSettings.of(context),
             str(model_dir / "1" / "model.pt"),
             torch.device("cuda", 0),
             lambda path, device: None,  # type: ignore[arg-type, return-value]
