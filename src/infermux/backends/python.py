@@ -22,13 +22,16 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from infermux.backends.base import ExecuteResult, ModelContext, ModelRequest, model_file
-from infermux.errors import InternalError, ModelLoadError
 
-if TYPE_CHECKING:
-    from infermux.backends.python_process import ProcessInstance
+# Imported with this module (when the registry first resolves the backend, on the event loop's
+# thread), not lazily in load(): instances load on worker threads, next to threads executing
+# user model files, and CI saw that lazy first import fail twice with python_worker missing from
+# sys.modules halfway through its own import (Python 3.11; not reproduced on demand).
+from infermux.backends.python_process import ProcessInstance
+from infermux.errors import InternalError, ModelLoadError
 
 MODEL_CLASS = "Model"
 DEFAULT_FILENAME = "model.py"
@@ -53,8 +56,6 @@ class PythonBackend:
             )
         if isolation == "process":
             model_file(context, DEFAULT_FILENAME)  # a missing file is said here, not by a worker
-            from infermux.backends.python_process import ProcessInstance
-
             return ProcessInstance(context)
         return self.load_here(context)
 
