@@ -90,8 +90,7 @@ def prepare(
             data, origin = inputs
             reference = run_rows(config, _runner(session(path), config), data)
             reduced = run_rows(config, _runner(session(str(artifact)), config), data)
-            rows = len(next(iter(data.values())))
-            accuracy = compare(reference, reduced, rows, origin)
+            accuracy = compare(reference, reduced, origin)
         return {"accuracy": accuracy.to_json() if accuracy else None, "settings": options}
 
     artifact, report = cached_artifact(context, settings, cache, build)

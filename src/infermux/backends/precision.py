@@ -30,7 +30,7 @@ import zipfile
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import numpy.typing as npt
@@ -127,11 +127,15 @@ class PrecisionSettings:
         return cls(precision, path, tolerance, action == "refuse")
 
     def refuse_unless(self, allowed: tuple[Precision, ...], config: ModelConfig, why: str) -> None:
-        """Refuse a precision this backend (or device) cannot run, saying why."""
+        """Refuse a precision this backend cannot run, saying why."""
         if self.precision not in allowed:
-            raise ModelLoadError(
-                f"model '{config.name}': precision {self.precision.value} is not available: {why}"
-            )
+            self.unavailable(config, why)
+
+    def unavailable(self, config: ModelConfig, why: str) -> NoReturn:
+        """Refuse this precision here (on this device, for this kind of file), saying why."""
+        raise ModelLoadError(
+            f"model '{config.name}': precision {self.precision.value} is not available: {why}"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -301,11 +305,13 @@ def run_rows(
 def compare(
     reference: Mapping[str, npt.NDArray[Any]],
     reduced: Mapping[str, npt.NDArray[Any]],
-    rows: int,
     source: str,
 ) -> Accuracy:
     """The reduced model's outputs against fp32's, output by output (floats only: an integer
-    output, e.g. a class index, is compared as agreement)."""
+    output, e.g. a class index, is compared as agreement). The outputs are :func:`run_rows`'s,
+    one row per guard row along the first axis."""
+    first = np.asarray(next(iter(reference.values()))) if reference else np.empty(0)
+    rows = len(first) if first.ndim else 1
     outputs = {}
     for name, expected in reference.items():
         got = reduced.get(name)

@@ -98,15 +98,13 @@ def load(
     signature = Signature.of(config)
     if settings.precision is Precision.INT8:
         if device.type != "cpu":
-            settings.refuse_unless(
-                (),
+            settings.unavailable(
                 config,
                 "torch.ao's int8 kernels run on the CPU only: use KIND_CPU instances, "
                 "or serve an ONNX model with the onnxruntime backend",
             )
         if exported:
-            settings.refuse_unless(
-                (),
+            settings.unavailable(
                 config,
                 "int8 quantisation of torch.export programs needs torchao's PT2E "
                 "flow; serve the model as TorchScript (model.pt) or as ONNX",
@@ -134,8 +132,7 @@ def load(
     model.module, model.dtype = to(dtype), dtype
     accuracy = None
     if inputs is not None and reference is not None:
-        rows = len(next(iter(inputs[0].values())))
-        accuracy = compare(reference, _run(model, device, inputs[0]), rows, inputs[1])
+        accuracy = compare(reference, _run(model, device, inputs[0]), inputs[1])
     check(context, settings, accuracy)
     model.report = PrecisionReport(settings.precision, accuracy)
     return model
@@ -187,9 +184,8 @@ def _quantized(
             raise ModelLoadError(
                 f"model '{config.name}': torch.ao could not quantise {path} to int8: {exc}"
             ) from exc
-        rows = len(next(iter(data.values())))
         reduced = _run(TorchModel(quantized, signature, torch.float32), cpu, data)
-        accuracy = compare(reference, reduced, rows, calibration.name)
+        accuracy = compare(reference, reduced, calibration.name)
         torch.jit.save(quantized, str(artifact))
         return {"accuracy": accuracy.to_json(), "settings": {"engine": engine}}
 

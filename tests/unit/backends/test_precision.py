@@ -182,7 +182,7 @@ def test_batches_follow_max_batch_size_and_non_batching_models_go_row_by_row(
 def test_compare_measures_relative_error_and_top1_agreement() -> None:
     reference = {"Y": np.array([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]])}
     reduced = {"Y": np.array([[1.0, 0.0, 0.0], [0.0, 0.9, 1.0]])}
-    accuracy = compare(reference, reduced, 2, "cal.npz")
+    accuracy = compare(reference, reduced, "cal.npz")
     figures = accuracy.outputs["Y"]
     assert figures.relative_error == pytest.approx(math.sqrt(0.01 + 1.0) / math.sqrt(2))
     assert figures.top1_agreement == 0.5
@@ -193,14 +193,14 @@ def test_compare_measures_relative_error_and_top1_agreement() -> None:
 def test_compare_treats_overflow_as_the_worst_error_and_integer_outputs_as_agreement() -> None:
     reference = {"Y": np.ones((2, 1)), "C": np.array([1, 2, 3])}
     reduced = {"Y": np.array([[1.0], [np.inf]]), "C": np.array([1, 2, 4])}
-    accuracy = compare(reference, reduced, 2, "random")
+    accuracy = compare(reference, reduced, "random")
     assert accuracy.outputs["Y"] == OutputAccuracy(math.inf, None)
     assert accuracy.outputs["C"].relative_error == pytest.approx(1 / 3)
 
 
 def test_compare_refuses_a_shape_change() -> None:
     with pytest.raises(ModelLoadError, match="output 'Y' has shape \\[2\\] at reduced"):
-        compare({"Y": np.ones(3)}, {"Y": np.ones(2)}, 1, "random")
+        compare({"Y": np.ones(3)}, {"Y": np.ones(2)}, "random")
 
 
 def test_the_guard_refuses_or_warns_beyond_the_tolerance(
