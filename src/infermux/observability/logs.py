@@ -64,7 +64,8 @@ class RateLimitedLog:
         self._last: dict[str, float] = {}  # kinds are a few fixed strings, never request data
         self._suppressed: dict[str, int] = {}
 
-    def warning(self, kind: str, message: str, *args: object) -> None:
+    def report(self, kind: str, message: str, *args: object) -> None:
+        """A warning, unless one of this ``kind`` was logged less than ``interval`` ago."""
         now = self._clock()
         last = self._last.get(kind)
         if last is not None and now - last < self._interval:

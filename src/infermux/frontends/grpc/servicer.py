@@ -79,7 +79,7 @@ def _unary(
 
 def _malformed(method: str, peer: str, request: Malformed) -> None:
     # One line, no traceback: the fault is the client's, and a client can send these at will.
-    _client_faults.warning(
+    _client_faults.report(
         "malformed", "malformed gRPC %s request from %s: %s", method, peer, request.reason
     )
 
