@@ -1,7 +1,7 @@
 """Coverage-guided fuzzing (atheris / libFuzzer) of the request parsers a client's bytes reach
 first: the HTTP V2 body (JSON, with or without the binary tensor extension) and the gRPC
-``ModelInferRequest`` decoding. A finding is any exception but :class:`InfermuxError` (the
-front ends would answer 500) or a crash.
+``ModelInferRequest`` deserializer and decoding. A finding is any exception but
+:class:`InfermuxError` (the front ends would answer 500) or a crash.
 
     pip install atheris
     python fuzz/request_parsers.py -max_total_time=60 fuzz/corpus   # seeds: fuzz/seeds.py
@@ -26,7 +26,13 @@ from tritonclient.grpc import service_pb2
 with atheris.instrument_imports(include=["infermux"]):
     from infermux.errors import InfermuxError
     from infermux.frontends.grpc import codec as grpc_codec
+    from infermux.frontends.grpc.handlers import Malformed, tolerant
     from infermux.frontends.http import codec as http_codec
+
+
+# The gRPC server's own deserializer: it must turn any bytes into a message or Malformed, never
+# raise (grpc would log a traceback and answer UNKNOWN).
+parse_infer_request = tolerant(service_pb2.ModelInferRequest)
 
 
 def one_input(data: bytes) -> None:
@@ -34,9 +40,8 @@ def one_input(data: bytes) -> None:
         return
     mode, body = data[0] % 3, data[1:]
     if mode == 2:
-        try:
-            message = service_pb2.ModelInferRequest.FromString(body)
-        except Exception:  # not protobuf: grpc's own deserializer refuses it before infermux
+        message = parse_infer_request(body)
+        if isinstance(message, Malformed):  # answered INVALID_ARGUMENT before the codec
             return
         with contextlib.suppress(InfermuxError):
             grpc_codec.decode_infer_request(message)

@@ -11,6 +11,7 @@ from typing import Any, NoReturn
 
 from infermux.settings import (
     DEFAULT_GRPC_MAX_MESSAGE_SIZE,
+    DEFAULT_GRPC_MAX_STREAM_IN_FLIGHT,
     DEFAULT_IPC_ARENA_MB,
     DEFAULT_MAX_BYTES_ELEMENT_SIZE,
     DEFAULT_MAX_INPUT_ELEMENTS,
@@ -207,7 +208,16 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> argparse.ArgumentPars
         type=_positive(int),
         default=DEFAULT_GRPC_MAX_MESSAGE_SIZE,
         metavar="BYTES",
-        help="largest gRPC message sent or received (default 2 GiB - 1)",
+        help=f"largest gRPC message received; larger gets RESOURCE_EXHAUSTED (default "
+        f"{DEFAULT_GRPC_MAX_MESSAGE_SIZE}, as --http-max-input-size)",
+    )
+    serve.add_argument(
+        "--grpc-max-stream-in-flight",
+        type=_positive(int),
+        default=DEFAULT_GRPC_MAX_STREAM_IN_FLIGHT,
+        metavar="N",
+        help="requests of one ModelStreamInfer stream read and not yet answered; the stream is "
+        f"not read further until one is (default {DEFAULT_GRPC_MAX_STREAM_IN_FLIGHT})",
     )
     serve.add_argument(
         "--metrics-port",
@@ -397,6 +407,7 @@ def parse_settings(argv: Sequence[str]) -> ServerSettings:
         max_bytes_element_size=args.max_bytes_element_size,
         grpc_uds=args.grpc_uds,
         grpc_max_message_size=args.grpc_max_message_size,
+        grpc_max_stream_in_flight=args.grpc_max_stream_in_flight,
         frontends=args.frontends or auto_frontends(ipc_arena_mb=args.ipc_arena_mb),
         executors=args.executors,
         ipc_arena_mb=args.ipc_arena_mb,

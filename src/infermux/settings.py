@@ -12,7 +12,10 @@ from pathlib import Path
 from typing import Any
 
 DEFAULT_MAX_INPUT_SIZE = 64 * 1024 * 1024  # tritonserver's --http-max-input-size default
-DEFAULT_GRPC_MAX_MESSAGE_SIZE = 2**31 - 1  # as tritonserver and tritonclient: effectively no cap
+DEFAULT_GRPC_MAX_MESSAGE_SIZE = (
+    64 * 1024 * 1024
+)  # received; as --http-max-input-size (Triton: 2 GiB)
+DEFAULT_GRPC_MAX_STREAM_IN_FLIGHT = 64  # requests of one ModelStreamInfer stream (Triton: no bound)
 DEFAULT_MAX_INPUT_ELEMENTS = 2**30  # per input: 4 GiB of FP32
 DEFAULT_MAX_BYTES_ELEMENT_SIZE = 2**28  # one BYTES element: 256 MiB
 DISABLED_PORT = -1  # a front end with this port listens on its unix socket only
@@ -177,6 +180,9 @@ class ServerSettings:
     max_bytes_element_size: int = DEFAULT_MAX_BYTES_ELEMENT_SIZE
     grpc_uds: Path | None = None
     grpc_max_message_size: int = DEFAULT_GRPC_MAX_MESSAGE_SIZE
+    """Largest gRPC message received; sent messages have only gRPC's 2 GiB ceiling."""
+    grpc_max_stream_in_flight: int = DEFAULT_GRPC_MAX_STREAM_IN_FLIGHT
+    """Requests of one ``ModelStreamInfer`` stream read but not yet answered to the client."""
     frontends: int = 1
     executors: int = 1
     """Executor processes (``--executors``); more than one runs the supervisor even with one

@@ -133,6 +133,7 @@ class FrontEnds:
             self._operations,
             addresses=addresses,
             max_message_bytes=s.grpc_max_message_size,
+            stream_in_flight=s.grpc_max_stream_in_flight,
             graceful_timeout=s.exit_timeout_secs,
             reuse_port=reuse_port,
             credentials=self._tls.grpc_credentials() if self._tls is not None else None,

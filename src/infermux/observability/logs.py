@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
+from collections.abc import Callable
 
 from infermux.settings import ServerSettings
 
@@ -43,3 +45,35 @@ def formatter(log_format: str, role: str = "") -> logging.Formatter:
     if log_format == "ISO8601":
         return logging.Formatter(_TEXT.format(tag=tag), datefmt="%Y-%m-%dT%H:%M:%S%z")
     return logging.Formatter(_TEXT.format(tag=tag))
+
+
+class RateLimitedLog:
+    """Warnings that a client can trigger at will, at most one line per ``interval`` seconds of
+    each kind: a flood of bad requests must not become a flood of log lines (or of disk). The
+    next line of a kind says how many were suppressed since the last one."""
+
+    def __init__(
+        self,
+        logger: logging.Logger,
+        interval: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._logger = logger
+        self._interval = interval
+        self._clock = clock
+        self._last: dict[str, float] = {}  # kinds are a few fixed strings, never request data
+        self._suppressed: dict[str, int] = {}
+
+    def report(self, kind: str, message: str, *args: object) -> None:
+        """A warning, unless one of this ``kind`` was logged less than ``interval`` ago."""
+        now = self._clock()
+        last = self._last.get(kind)
+        if last is not None and now - last < self._interval:
+            self._suppressed[kind] = self._suppressed.get(kind, 0) + 1
+            return
+        self._last[kind] = now
+        suppressed = self._suppressed.pop(kind, 0)
+        if suppressed:
+            message += " (%d similar suppressed)"
+            args = (*args, suppressed)
+        self._logger.warning(message, *args)

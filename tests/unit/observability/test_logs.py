@@ -4,7 +4,9 @@ import json
 import logging
 import re
 
-from infermux.observability.logs import formatter
+import pytest
+
+from infermux.observability.logs import RateLimitedLog, formatter
 
 
 def record(**extra: object) -> logging.LogRecord:
@@ -30,3 +32,18 @@ def test_text_formats() -> None:
     plain = formatter("default").format(record())
     assert plain.endswith("INFO infermux.x: hello you")
     assert json.loads(formatter("json").format(record()))["role"] == "server"
+
+
+def test_rate_limited_warnings_count_what_they_suppress(caplog: pytest.LogCaptureFixture) -> None:
+    now = [100.0]
+    log = RateLimitedLog(logging.getLogger("infermux.x"), interval=10, clock=lambda: now[0])
+    for _ in range(5):
+        log.report("bad", "bad request from %s", "peer")
+    log.report("other", "another kind")  # kinds are limited separately
+    now[0] += 10
+    log.report("bad", "bad request from %s", "peer")
+    assert [r.getMessage() for r in caplog.records] == [
+        "bad request from peer",
+        "another kind",
+        "bad request from peer (4 similar suppressed)",
+    ]

@@ -50,27 +50,24 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # un
 
 
 def _refusal(handler: Any, denied: Denied) -> Any:
-    """A handler of ``handler``'s shape that only aborts."""
+    """A handler for ``handler``'s method that only aborts, without reading the request.
+
+    It is a streaming-request handler whatever the method's shape (the wire is the same): for a
+    unary one, grpc.aio would receive and deserialize the whole message before the handler runs,
+    so an unauthenticated client could make the server hold and parse a message up to the size
+    cap. Unread, the body stays behind HTTP/2 flow control and is dropped with the call.
+    """
+    if handler is None:
+        return None
     code = (
         grpc.StatusCode.UNAUTHENTICATED
         if denied.unauthenticated
         else (grpc.StatusCode.PERMISSION_DENIED)
     )
 
-    async def unary(request: Any, context: Any) -> Any:
+    async def refuse(requests: AsyncIterator[Any], context: Any) -> None:
         await context.abort(code, denied.message)
 
-    async def streaming(requests: AsyncIterator[Any], context: Any) -> Any:
-        await context.abort(code, denied.message)
-
-    if handler is None:
-        return None
-    shapes = {"request_deserializer": handler.request_deserializer,
-              "response_serializer": handler.response_serializer}  # fmt: skip
-    if handler.unary_unary is not None:
-        return grpc.unary_unary_rpc_method_handler(unary, **shapes)
-    if handler.unary_stream is not None:
-        return grpc.unary_stream_rpc_method_handler(unary, **shapes)
-    if handler.stream_unary is not None:
-        return grpc.stream_unary_rpc_method_handler(streaming, **shapes)
-    return grpc.stream_stream_rpc_method_handler(streaming, **shapes)
+    return grpc.stream_stream_rpc_method_handler(
+        refuse, response_serializer=handler.response_serializer
+    )

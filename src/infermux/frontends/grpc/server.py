@@ -10,17 +10,19 @@ from collections.abc import Sequence
 from typing import Any
 
 import grpc  # type: ignore[import-untyped,unused-ignore]  # grpcio ships no type information
-from tritonclient.grpc import service_pb2_grpc
 
 from infermux.dataplane import Operations
 from infermux.frontends.access import OPEN, Access
+from infermux.frontends.grpc import handlers
 from infermux.frontends.grpc.access import AccessInterceptor
 from infermux.frontends.grpc.servicer import InferenceServicer
+from infermux.settings import DEFAULT_GRPC_MAX_MESSAGE_SIZE, DEFAULT_GRPC_MAX_STREAM_IN_FLIGHT
 
 logger = logging.getLogger(__name__)
 
-MAX_MESSAGE_BYTES = 2**31 - 1
-"""gRPC's own ceiling for one message, which Triton and tritonclient also use."""
+MAX_SEND_BYTES = 2**31 - 1
+"""gRPC's own ceiling for one message, which Triton and tritonclient also use: an answer's size
+is the model's doing, not the client's, so only received messages have a lower default bound."""
 
 
 class GrpcBindError(Exception):
@@ -34,6 +36,9 @@ class GrpcServer:
     starts serving; ``stop`` stops accepting and lets running RPCs finish for up to
     ``graceful_timeout`` seconds before cancelling them. ``reuse_port`` lets the front-end
     processes of one server bind the same port (the kernel spreads connections over them).
+    ``max_message_bytes`` bounds received messages (grpc refuses a larger one from its length
+    prefix, RESOURCE_EXHAUSTED, before reading it); ``stream_in_flight`` bounds the requests of
+    one ``ModelStreamInfer`` stream read and not yet answered (``servicer.py``).
     """
 
     def __init__(
@@ -41,7 +46,8 @@ class GrpcServer:
         dataplane: Operations,
         *,
         addresses: Sequence[str],
-        max_message_bytes: int = MAX_MESSAGE_BYTES,
+        max_message_bytes: int = DEFAULT_GRPC_MAX_MESSAGE_SIZE,
+        stream_in_flight: int = DEFAULT_GRPC_MAX_STREAM_IN_FLIGHT,
         graceful_timeout: float,
         reuse_port: bool = False,
         credentials: Any = None,
@@ -52,6 +58,7 @@ class GrpcServer:
         self._dataplane = dataplane
         self.addresses = list(addresses)
         self._max_message_bytes = max_message_bytes
+        self._stream_in_flight = stream_in_flight
         self._graceful_timeout = graceful_timeout
         self._reuse_port = reuse_port
         self._credentials = credentials  # TLS on TCP addresses (tls.py); None: plain
@@ -67,20 +74,19 @@ class GrpcServer:
     async def start(self) -> None:
         if self._server is not None:
             raise RuntimeError("GrpcServer.start called twice")
-        n = self._max_message_bytes
         server = grpc.aio.server(
             interceptors=[] if self._access.open else [AccessInterceptor(self._access)],
             options=[
-                ("grpc.max_send_message_length", n),
-                ("grpc.max_receive_message_length", n),
+                ("grpc.max_send_message_length", MAX_SEND_BYTES),
+                ("grpc.max_receive_message_length", self._max_message_bytes),
                 # grpc turns SO_REUSEPORT on by default, so a second server on a busy port would
                 # bind silently and share its traffic; Triton also leaves it off by default.
                 # Several front-end processes of one server share their port on purpose.
                 ("grpc.so_reuseport", int(self._reuse_port)),
             ],
         )
-        service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
-            InferenceServicer(self._dataplane), server
+        handlers.add_to_server(
+            InferenceServicer(self._dataplane, stream_in_flight=self._stream_in_flight), server
         )
         try:
             for address in self.addresses:

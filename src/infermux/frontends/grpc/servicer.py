@@ -18,11 +18,15 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from infermux.dataplane import Operations
 from infermux.errors import ErrorCode, InfermuxError, InvalidArgumentError, UnsupportedError
 from infermux.frontends.grpc import codec
+from infermux.frontends.grpc.handlers import Malformed
 from infermux.observability import tracing
+from infermux.observability.logs import RateLimitedLog
 from infermux.routing import ROUTING_KEY_HEADER, ROUTING_KEY_PARAMETER
+from infermux.settings import DEFAULT_GRPC_MAX_STREAM_IN_FLIGHT
 from infermux.types import InferRequest
 
 logger = logging.getLogger(__name__)
+_client_faults = RateLimitedLog(logger)
 
 Message = Any  # protobuf messages: tritonclient's generated modules carry no type information
 Context = Any  # grpc.aio.ServicerContext
@@ -57,6 +61,9 @@ def _unary(
 
     @functools.wraps(method)
     async def handler(self: _S, request: Message, context: Context) -> _R:
+        if isinstance(request, Malformed):
+            _malformed(method.__name__, context.peer(), request)
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, request.describe())
         try:
             return await method(self, request, context)
         except InfermuxError as exc:
@@ -70,6 +77,13 @@ def _unary(
     return handler
 
 
+def _malformed(method: str, peer: str, request: Malformed) -> None:
+    # One line, no traceback: the fault is the client's, and a client can send these at will.
+    _client_faults.report(
+        "malformed", "malformed gRPC %s request from %s: %s", method, peer, request.reason
+    )
+
+
 def _not_supported(what: str) -> NoReturn:
     raise UnsupportedError(f"{what} is not supported by infermux yet")
 
@@ -79,8 +93,11 @@ def _not_supported(what: str) -> NoReturn:
 class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
     """Every RPC of Triton's ``GRPCInferenceService`` over one data plane, for ``grpc.aio``."""
 
-    def __init__(self, dataplane: Operations) -> None:
+    def __init__(
+        self, dataplane: Operations, *, stream_in_flight: int = DEFAULT_GRPC_MAX_STREAM_IN_FLIGHT
+    ) -> None:
         self._dp = dataplane
+        self._stream_in_flight = stream_in_flight
 
     # -- health and metadata ----------------------------------------------------------------------
 
@@ -135,22 +152,36 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
     async def ModelStreamInfer(
         self, request_iterator: AsyncIterator[Message], context: Context
     ) -> AsyncIterator[Message]:
-        """Run every request of the stream concurrently; answer each as soon as it completes.
+        """Run the requests of the stream concurrently; answer each as soon as it completes.
+
+        At most ``stream_in_flight`` requests are read and not yet answered: past that, the stream
+        is not read until an answer has been written, and grpc.aio writes one only as the
+        client's flow-control window allows. A client that sends without reading answers thus
+        meets HTTP/2 flow control instead of growing the server's memory without bound.
 
         A failed request is answered with ``error_message`` and the stream stays open; once the
         client half-closes, the stream ends when the requests still running have been answered.
         """
         answers: asyncio.Queue[Message | None] = asyncio.Queue()
         running: set[asyncio.Task[None]] = set()
+        # A slot is taken before a request is read and given back once its answer is written.
+        slots = asyncio.Semaphore(self._stream_in_flight)
 
         metadata = tuple(context.invocation_metadata() or ())
+        peer = context.peer()
 
         async def answer(message: Message) -> None:
-            await answers.put(await self._stream_answer(message, metadata))
+            await answers.put(await self._stream_answer(message, metadata, peer))
 
         async def read() -> None:
+            requests = aiter(request_iterator)
             try:
-                async for message in request_iterator:
+                while True:
+                    await slots.acquire()
+                    try:
+                        message = await anext(requests)
+                    except StopAsyncIteration:
+                        break
                     task = asyncio.create_task(answer(message))
                     running.add(task)
                     task.add_done_callback(running.discard)
@@ -161,7 +192,9 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         reader = asyncio.create_task(read())
         try:
             while (reply := await answers.get()) is not None:
+                # grpc.aio asks for the next reply only once this one has been sent.
                 yield reply
+                slots.release()
             await reader  # surfaces a failed read as the stream's status
         finally:
             # The client went away or the server is stopping: nobody is left to answer.
@@ -169,7 +202,12 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
             for task in list(running):
                 task.cancel()
 
-    async def _stream_answer(self, message: Message, metadata: tuple[Any, ...]) -> Message:
+    async def _stream_answer(
+        self, message: Message, metadata: tuple[Any, ...], peer: str
+    ) -> Message:
+        if isinstance(message, Malformed):
+            _malformed("ModelStreamInfer", peer, message)
+            return service_pb2.ModelStreamInferResponse(error_message=message.describe())
         try:
             request = codec.decode_infer_request(message)
             _from_metadata(request, metadata)

@@ -6,6 +6,7 @@ decoding, the one data-plane call, encoding, and Triton's status for each error 
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import logging
@@ -22,6 +23,7 @@ from tritonclient.utils import InferenceServerException
 from infermux.errors import ErrorCode
 from infermux.frontends.grpc import GrpcServer
 from infermux.frontends.grpc.servicer import STATUS_OF
+from infermux.types import InferRequest, InferResponse
 
 from .fake_plane import FakePlane
 
@@ -239,3 +241,35 @@ async def test_cuda_shared_memory_register_status_unregister(client: Any, plane:
     )
     await client.unregister_cuda_shared_memory()
     assert not (await client.get_cuda_shared_memory_status()).regions
+
+
+class CountingPlane(FakePlane):
+    def __init__(self) -> None:
+        super().__init__()
+        self.started = 0
+
+    async def infer(self, request: InferRequest) -> InferResponse:
+        self.started += 1
+        return await super().infer(request)
+
+
+async def test_a_stream_reads_no_more_than_its_in_flight_bound() -> None:
+    plane = CountingPlane()
+    server = GrpcServer(plane, addresses=["127.0.0.1:0"], stream_in_flight=2, graceful_timeout=1)
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.bound_port}") as channel:
+            call = channel.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer")()
+            for i in range(5):  # small: grpc buffers them, the writes do not wait
+                request = service_pb2.ModelInferRequest(model_name="gated", id=str(i))
+                await call.write(request.SerializeToString())
+            await asyncio.wait_for(plane.entered.wait(), 10)
+            await asyncio.sleep(0.3)  # time enough for a third read, were it allowed
+            assert plane.started == 2
+            plane.gate.set()
+            await call.done_writing()
+            answers = [service_pb2.ModelStreamInferResponse.FromString(m) async for m in call]
+            assert sorted(a.infer_response.id for a in answers) == ["0", "1", "2", "3", "4"]
+            assert plane.started == 5
+    finally:
+        await server.stop()
