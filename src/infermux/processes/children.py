@@ -11,6 +11,7 @@ from typing import Literal
 from infermux.ipc import Channel
 
 from .control import Control
+from .desired import Desired
 
 MAX_BACKOFF = 10.0
 STABLE_SECONDS = 10.0  # a process up this long resets its restart delay
@@ -28,6 +29,8 @@ class Child:
     up: bool = False  # Started (front end) / Ready (executor) received
     only: bool = False  # the one process of its role (names it without an index)
     stopping: bool = False
+    hung: bool = False  # killed for not answering the heartbeat
+    given: Desired = field(default_factory=Desired)  # executor: what it was told clients changed
 
     @property
     def name(self) -> str:

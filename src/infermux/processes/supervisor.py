@@ -44,16 +44,22 @@ from .children import KILL_GRACE, SCRAPE_TIMEOUT, Child, Slot, next_backoff
 from .common import check_shared_memory
 from .control import (
     Attach,
+    Changed,
     Control,
     Detach,
     Failed,
     Message,
+    Pong,
     Ready,
+    Restore,
+    Restored,
     Scrape,
     Scraped,
     Started,
     Stop,
 )
+from .desired import Desired
+from .heartbeat import Heartbeat
 
 logger = logging.getLogger("infermux")
 
@@ -76,6 +82,13 @@ class Supervisor:
         self._grpc_port = settings.grpc_port
         self._directory = Path(tempfile.mkdtemp(prefix="infermux-"))
         self._pending: set[asyncio.Task[None]] = set()
+        self._desired = Desired()  # what clients changed, for restarted executors (.desired)
+        self._heartbeat = Heartbeat(
+            {
+                "frontend": settings.frontend_heartbeat_timeout_secs,
+                "executor": settings.executor_heartbeat_timeout_secs,
+            }
+        )
         self.endpoints: list[str] = []
 
     def request_shutdown(self) -> None:
@@ -105,6 +118,7 @@ class Supervisor:
             await self._start()
             if self._metrics is not None:
                 await self._metrics.start()
+            self._background(self._heartbeat.run(self._children))
             stopped = asyncio.ensure_future(self._stop.wait())
             while not self._stop.is_set():
                 event = asyncio.ensure_future(self._events.get())
@@ -204,12 +218,15 @@ class Supervisor:
         ours, theirs = socket.socketpair()
         # One executor serves the metrics socket itself; several are asked by the supervisor.
         metrics = self._metrics_sock if len(self._executors) == 1 else None
+        given = self._desired.copy()
         process = self._context.Process(
             target=executor.main,
-            args=(self.settings, index, theirs, metrics),
+            args=(self.settings, index, theirs, metrics, given),
             name=f"infermux-executor-{index}",
         )
-        return await self._launch("executor", index, process, ours, theirs)
+        child = await self._launch("executor", index, process, ours, theirs)
+        child.given = given
+        return child
 
     async def _spawn_frontend(self, index: int) -> Child:
         ours, theirs = socket.socketpair()
@@ -246,6 +263,9 @@ class Supervisor:
 
         self._background(follow())
 
+    def _children(self) -> list[Child]:
+        return [s.child for s in self._slots + self._executors if s.child is not None]
+
     def _background(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(work)
         self._pending.add(task)
@@ -258,21 +278,40 @@ class Supervisor:
             return
         if message is None:
             await self._died(child)
+        elif isinstance(message, Pong):
+            self._heartbeat.answered(child)
+        elif isinstance(message, Changed):
+            # The executor's successors get it; so does this one's record of what it was
+            # given (a region its restore dropped is not sent to it again).
+            self._desired.record(message.method, message.args, message.kwargs)
+            child.given.record(message.method, message.args, message.kwargs)
         elif isinstance(message, Scraped):
             waiting = self._scrapes.get(message.seq, {}).get(child.index)
             if waiting is not None and not waiting.done():
                 waiting.set_result(message)
-        elif isinstance(message, Ready) and self._executors[child.index].child is child:
-            child.up = True
-            logger.info("%s ready again; reconnecting front ends", child.name)
-            self._connect_all()
+        elif isinstance(message, Ready | Restored) and self._executors[child.index].child is child:
+            self._executor_ready(child)
         elif isinstance(message, Started):
             child.up = True
             slot = self._slots[child.index]
             if slot.child is child:
+                logger.info("%s started again (pid %s)", child.name, child.process.pid)
                 self._connect(slot)
         elif isinstance(message, Failed):
             logger.error("%s cannot start: %s", child.name, message.message)
+
+    def _executor_ready(self, child: Child) -> None:
+        """A restarted executor has loaded what it was given at spawn (or restored what it was
+        sent since): front ends are attached to it once it holds what clients changed, which
+        other executors may have changed while it started (the change went to them alone)."""
+        if child.given != self._desired:
+            child.given = self._desired.copy()
+            logger.info("%s ready; restoring what clients changed while it started", child.name)
+            child.control.send(Restore(child.given))
+            return
+        child.up = True
+        logger.info("%s ready again; reconnecting front ends", child.name)
+        self._connect_all()
 
     async def _died(self, child: Child) -> None:
         code = child.process.exitcode
