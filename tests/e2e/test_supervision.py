@@ -9,6 +9,7 @@ it new gRPC connections.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import threading
 import time
@@ -25,7 +26,8 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 
-from tests.support import ServerProcess, start_server, wait_for
+from infermux.settings import builtin_repository
+from tests.support import IDENTITY_MODEL, ServerProcess, start_server, wait_for, write_model
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs Linux /proc")
 
@@ -150,6 +152,50 @@ def test_a_region_that_cannot_be_restored_is_dropped_with_a_warning() -> None:
         warning = [line for line in server.log if f"region '{region}' could not be" in line]
         assert warning, "\n".join(server.log[-20:])
         assert server.stop() == 0
+
+
+# Loads in a few seconds: the window in which a restarted executor is not attached yet.
+SLOW_LOADING_MODEL = "import time\n\ntime.sleep(4)\n\n" + IDENTITY_MODEL
+
+
+def test_with_two_executors_changes_made_while_one_restarts_reach_it(tmp_path: Path) -> None:
+    for name in ("simple", "identity_fp32"):
+        shutil.copytree(builtin_repository() / name, tmp_path / name)
+    # One instance each: executor 0 alone hosts them (placement: every N-th CPU instance).
+    write_model(tmp_path, "slow_loading", source=SLOW_LOADING_MODEL)
+    with start_server(
+        "--model-repository", str(tmp_path), "--executors", "2", "--frontends", "1",
+        "--model-control-mode", "explicit", "--load-model", "simple",
+        "--load-model", "slow_loading", *SMALL_ARENAS,
+    ) as server:  # fmt: skip
+        zero, one = executor_pids(server)
+        with httpclient.InferenceServerClient(server.url) as client:
+            client.unload_model("simple")
+        os.kill(zero, signal.SIGKILL)
+        # Its successor is running (and loading slowly): what changes now reaches executor 1 alone.
+        wait_for(lambda: len(server.children()) == 3 and zero not in server.children(), 60)
+        with httpclient.InferenceServerClient(server.url) as client:
+            client.load_model("identity_fp32")
+        wait_for(lambda: any("executor-0 ready again" in line for line in server.log), 120)
+        wait_for(lambda: status(f"http://{server.url}/v2/health/ready") == 200, 60)
+        with httpclient.InferenceServerClient(server.url) as client:
+            index = {m["name"]: m.get("state", "") for m in client.get_model_repository_index()}
+            assert index["identity_fp32"] == "READY", index  # loaded on executor 0 by the restore
+            assert index["slow_loading"] == "READY", index
+            assert index["simple"] != "READY", index  # unloaded before the restart: not reloaded
+            tensor = httpclient.InferInput("INPUT0", [1, 3], "FP32")
+            tensor.set_data_from_numpy(np.ones((1, 3), np.float32))
+            assert client.infer("identity_fp32", [tensor]).as_numpy("OUTPUT0").shape == (1, 3)
+        assert any("executor-0 ready; restoring" in line for line in server.log)
+        assert one in server.children()  # the other executor was never touched
+        assert server.stop() == 0
+
+
+def executor_pids(server: ServerProcess) -> list[int]:
+    for line in server.log:
+        if "executor pids" in line:
+            return [int(p) for p in line.rsplit("executor pids", 1)[1].strip(" )").split(",")]
+    raise AssertionError("no executor pids in the log")
 
 
 def fresh_infer(url: str) -> None:

@@ -87,9 +87,11 @@ class Desired(msgspec.Struct):
 
     def record(self, method: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
         """Apply one call of :data:`CHANGES` that succeeded (the same call twice: no change)."""
-        a = _SIGNATURES[method].bind(None, *args, **kwargs).arguments
+        bound = _SIGNATURES[method].bind(None, *args, **kwargs)
+        bound.apply_defaults()
+        a = bound.arguments
         if method == "load_model":
-            self.models[a["name"]] = ModelWish(True, a.get("config_override"))
+            self.models[a["name"]] = ModelWish(True, a["config_override"])
         elif method == "unload_model":
             self.models[a["name"]] = ModelWish(False)
         elif method == "shm_register":
@@ -99,9 +101,8 @@ class Desired(msgspec.Struct):
             self.cuda_shm[a["name"]] = region
         elif method in ("shm_unregister", "cuda_shm_unregister"):
             regions: dict[str, Any] = self.shm if method == "shm_unregister" else self.cuda_shm
-            name = a.get("name", "")
-            if name:
-                regions.pop(name, None)
+            if a["name"]:
+                regions.pop(a["name"], None)
             else:  # "" unregisters every region of the kind
                 regions.clear()
 
