@@ -8,6 +8,7 @@ it new gRPC connections.
 
 from __future__ import annotations
 
+import http.client
 import os
 import shutil
 import signal
@@ -52,10 +53,12 @@ def status(url: str) -> int:
 
 class ReadinessWatch:
     """Polls ``/v2/health/ready`` in a thread, keeping the statuses; each time the server says
-    ready, asks whether ``model`` is (it must be: it was loaded before, never unloaded)."""
+    ready, asks whether ``model`` is (it must be: it was loaded before, never unloaded). Both
+    questions go over one connection, so to one front end (another may be re-attached a moment
+    later, and would answer for itself)."""
 
     def __init__(self, server: ServerProcess, model: str) -> None:
-        self._base = f"http://{server.url}/v2"
+        self._host, self._port = server.host, server.http_port
         self._model = model
         self._stop = threading.Event()
         self.statuses: set[int] = set()
@@ -63,15 +66,24 @@ class ReadinessWatch:
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
+    def _ask(self, connection: http.client.HTTPConnection, path: str) -> int:
+        connection.request("GET", path)
+        response = connection.getresponse()
+        response.read()
+        return response.status
+
     def _run(self) -> None:
         while not self._stop.is_set():
+            connection = http.client.HTTPConnection(self._host, self._port, timeout=10)
             try:
-                ready = status(f"{self._base}/health/ready")
+                ready = self._ask(connection, "/v2/health/ready")
                 self.statuses.add(ready)
-                if ready == 200 and status(f"{self._base}/models/{self._model}/ready") != 200:
+                if ready == 200 and self._ask(connection, f"/v2/models/{self._model}/ready") != 200:
                     self.ready_without_model += 1
-            except OSError:  # a connection reset while front ends reconnect
+            except (OSError, http.client.HTTPException):  # reset while front ends reconnect
                 pass
+            finally:
+                connection.close()
             time.sleep(0.02)
 
     def stop(self) -> None:
