@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import platform
 from collections.abc import Callable, Sequence
@@ -10,6 +11,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from infermux.settings import (
+    DEFAULT_FRONTEND_HEARTBEAT_TIMEOUT,
     DEFAULT_GRPC_MAX_MESSAGE_SIZE,
     DEFAULT_GRPC_MAX_STREAM_IN_FLIGHT,
     DEFAULT_IPC_ARENA_MB,
@@ -67,6 +69,16 @@ def _positive(kind: type[int] | type[float]) -> Any:
         return number
 
     return parse
+
+
+def _non_negative_seconds(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{value}' is not a number of seconds") from None
+    if not math.isfinite(number) or number < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0 seconds, got {value}")
+    return number
 
 
 def _non_negative_int(value: str) -> int:
@@ -308,6 +320,23 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> argparse.ArgumentPars
         "way (default 256)",
     )
     serve.add_argument(
+        "--frontend-heartbeat-timeout-secs",
+        type=_non_negative_seconds,
+        default=DEFAULT_FRONTEND_HEARTBEAT_TIMEOUT,
+        metavar="SECONDS",
+        help="with --frontends > 1: a front-end process that leaves the supervisor's "
+        "once-a-second heartbeat unanswered this long (stopped, hung) is killed and "
+        f"restarted (default {DEFAULT_FRONTEND_HEARTBEAT_TIMEOUT:g}; 0: never)",
+    )
+    serve.add_argument(
+        "--executor-heartbeat-timeout-secs",
+        type=_non_negative_seconds,
+        default=0.0,
+        metavar="SECONDS",
+        help="the same for executor processes (default 0: never; a model that blocks the "
+        "executor's event loop this long would get it killed)",
+    )
+    serve.add_argument(
         "--exit-timeout-secs",
         type=_positive(int),
         default=30,
@@ -411,4 +440,6 @@ def parse_settings(argv: Sequence[str]) -> ServerSettings:
         frontends=args.frontends or auto_frontends(ipc_arena_mb=args.ipc_arena_mb),
         executors=args.executors,
         ipc_arena_mb=args.ipc_arena_mb,
+        frontend_heartbeat_timeout_secs=args.frontend_heartbeat_timeout_secs,
+        executor_heartbeat_timeout_secs=args.executor_heartbeat_timeout_secs,
     )

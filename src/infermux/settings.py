@@ -22,6 +22,7 @@ DISABLED_PORT = -1  # a front end with this port listens on its unix socket only
 MAX_FRONTENDS = 64
 MAX_EXECUTORS = 16
 DEFAULT_IPC_ARENA_MB = 256
+DEFAULT_FRONTEND_HEARTBEAT_TIMEOUT = 5.0  # seconds a front end may leave the heartbeat unanswered
 IPC_RING_BYTES = 4 * 2**20  # each of a channel's two rings (infermux.ipc.channel)
 
 
@@ -188,6 +189,11 @@ class ServerSettings:
     """Executor processes (``--executors``); more than one runs the supervisor even with one
     front end, and places instances by device (``repository/placement.py``)."""
     ipc_arena_mb: int = DEFAULT_IPC_ARENA_MB
+    frontend_heartbeat_timeout_secs: float = DEFAULT_FRONTEND_HEARTBEAT_TIMEOUT
+    """A front-end process silent this long to the supervisor's heartbeat (stopped, hung) is
+    killed and restarted, so that it stops getting new connections (0: never)."""
+    executor_heartbeat_timeout_secs: float = 0.0
+    """The same for executors; off by default (a model's work can hold an executor's loop)."""
     ray_address: str = ""
     """``--ray``: serve the models on this Ray cluster (``auto``, ``HOST:PORT``, ``ray://...``)
     with this process's front ends as the ingress (``infermux.ray``)."""

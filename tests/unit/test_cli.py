@@ -68,6 +68,9 @@ def test_triton_style_flags(tmp_path: Path) -> None:
         ["--frontends", "65"],
         ["--max-shm-regions", "0"],
         ["--tls-cert", "c.pem"],
+        ["--frontend-heartbeat-timeout-secs", "-1"],
+        ["--frontend-heartbeat-timeout-secs", "nan"],
+        ["--executor-heartbeat-timeout-secs", "soon"],
     ],
 )
 def test_invalid_values_exit_2(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
@@ -162,6 +165,17 @@ def test_parse_trace_config_directly() -> None:
     assert parse_trace_config([]) == TraceSettings()
     with pytest.raises(ValueError, match="'rate=-1'"):
         parse_trace_config(["rate=-1"])
+
+
+def test_heartbeat_flags() -> None:
+    defaults = parse_settings([])
+    assert defaults.frontend_heartbeat_timeout_secs == 5.0
+    assert defaults.executor_heartbeat_timeout_secs == 0.0  # executors are not killed unasked
+    settings = parse_settings(
+        ["--frontend-heartbeat-timeout-secs", "0", "--executor-heartbeat-timeout-secs", "30"]
+    )
+    assert settings.frontend_heartbeat_timeout_secs == 0.0
+    assert settings.executor_heartbeat_timeout_secs == 30.0
 
 
 def test_executors_flag() -> None:

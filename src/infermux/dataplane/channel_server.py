@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from infermux.errors import InfermuxError, InternalError
@@ -41,6 +42,10 @@ from .plane import DataPlane
 logger = logging.getLogger(__name__)
 
 
+CallObserver = Callable[[str, list[Any], dict[str, Any]], None]
+"""Told of each call (not inference) that succeeded: method, positional and keyword arguments."""
+
+
 class _Client:
     """One attached front end: its link, its requests in flight, its answer blocks."""
 
@@ -53,8 +58,9 @@ class _Client:
 class ChannelServer:
     """Serves every attached front-end channel from one :class:`DataPlane`."""
 
-    def __init__(self, plane: DataPlane) -> None:
+    def __init__(self, plane: DataPlane, on_call: CallObserver | None = None) -> None:
         self._plane = plane
+        self._on_call = on_call
         self._clients: dict[str, _Client] = {}
 
     @property
@@ -155,6 +161,8 @@ class ChannelServer:
                 raise InternalError(f"no data-plane operation '{message.method}'")
             value: Any = getattr(self._plane, message.method)(*message.args, **message.kwargs)
             value = await value
+            if self._on_call is not None:
+                self._on_call(message.method, message.args, message.kwargs)
             if isinstance(value, ModelConfig):
                 value = value.proto.SerializeToString()
             reply = encode(Result(message.seq, value))

@@ -1,8 +1,10 @@
 """The supervisor's bookkeeping of the processes it runs: who they are, where they sit, how long
-to wait before restarting one that died."""
+to wait before restarting one that died, how they are stopped."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
@@ -10,7 +12,10 @@ from typing import Literal
 
 from infermux.ipc import Channel
 
-from .control import Control
+from .control import Control, Stop
+from .desired import Desired
+
+logger = logging.getLogger("infermux")
 
 MAX_BACKOFF = 10.0
 STABLE_SECONDS = 10.0  # a process up this long resets its restart delay
@@ -28,6 +33,8 @@ class Child:
     up: bool = False  # Started (front end) / Ready (executor) received
     only: bool = False  # the one process of its role (names it without an index)
     stopping: bool = False
+    hung: bool = False  # killed for not answering the heartbeat
+    given: Desired = field(default_factory=Desired)  # executor: what it was told clients changed
 
     @property
     def name(self) -> str:
@@ -45,6 +52,23 @@ class Slot:
     child: Child | None = None
     channels: dict[int, Channel] = field(default_factory=dict)
     backoff: float = 0.0
+
+
+async def stop(children: list[Child], timeout: float) -> None:
+    """Tell ``children`` to stop; kill those still running after ``timeout`` seconds."""
+    for child in children:
+        child.stopping = True
+        child.control.send(Stop())
+    await asyncio.gather(*(_reap(c, timeout) for c in children))
+
+
+async def _reap(child: Child, timeout: float) -> None:
+    await asyncio.to_thread(child.process.join, timeout)
+    if child.process.is_alive():
+        logger.warning("%s did not stop in %.0f s; killing it", child.name, timeout)
+        child.process.kill()
+        await asyncio.to_thread(child.process.join)
+    child.control.close()
 
 
 def next_backoff(current: float, child: Child) -> float:

@@ -12,10 +12,13 @@ import contextlib
 import socket
 import struct
 from collections.abc import Callable
+from typing import Any
 
 import msgspec
 
 from infermux.ipc import ChannelSpec
+
+from .desired import Desired
 
 _LENGTH = struct.Struct("<I")
 
@@ -72,7 +75,51 @@ class Scraped(msgspec.Struct, tag=True):
     families: list[tuple[str, str, str, list[tuple[str, dict[str, str], float]]]]
 
 
-Message = Attach | Detach | Stop | Started | Ready | Failed | Scrape | Scraped
+class Changed(msgspec.Struct, tag=True):
+    """Executor -> supervisor: a client's call of :data:`~.desired.CHANGES` (a load, an
+    unload, a shared-memory registration) succeeded here; the supervisor keeps it for the
+    executor's successors (:mod:`.desired` says why the executor is the one that reports)."""
+
+    method: str
+    args: list[Any]
+    kwargs: dict[str, Any]
+
+
+class Restore(msgspec.Struct, tag=True):
+    """Supervisor -> executor, after its :class:`Ready`: what clients changed while it was
+    starting (another executor served them); answered by :class:`Restored`."""
+
+    desired: Desired
+
+
+class Restored(msgspec.Struct, tag=True):
+    """Executor -> supervisor: the last :class:`Restore` is in effect."""
+
+
+class Ping(msgspec.Struct, tag=True):
+    """Supervisor -> child: are you there? (the heartbeat, :mod:`.heartbeat`)"""
+
+
+class Pong(msgspec.Struct, tag=True):
+    """Child -> supervisor: the answer to :class:`Ping`, sent from the child's event loop (a
+    stopped or blocked process sends none)."""
+
+
+Message = (
+    Attach
+    | Detach
+    | Stop
+    | Started
+    | Ready
+    | Failed
+    | Scrape
+    | Scraped
+    | Changed
+    | Restore
+    | Restored
+    | Ping
+    | Pong
+)
 _decode = msgspec.msgpack.Decoder(Message).decode
 _encode = msgspec.msgpack.Encoder().encode
 
@@ -117,15 +164,20 @@ async def follow(
     on_attach: Callable[[Attach], None],
     on_detach: Callable[[Detach], None],
     on_scrape: Callable[[Scrape], None] | None = None,
+    on_restore: Callable[[Restore], None] | None = None,
 ) -> None:
-    """Hand the supervisor's messages to a child's handlers; return on :class:`Stop` or once
-    the supervisor is gone (either way the child shuts down)."""
+    """Hand the supervisor's messages to a child's handlers (and answer its heartbeat); return
+    on :class:`Stop` or once the supervisor is gone (either way the child shuts down)."""
     while (message := await control.receive()) is not None:
-        if isinstance(message, Attach):
+        if isinstance(message, Ping):
+            control.send(Pong())
+        elif isinstance(message, Attach):
             on_attach(message)
         elif isinstance(message, Detach):
             on_detach(message)
         elif isinstance(message, Scrape) and on_scrape is not None:
             on_scrape(message)
+        elif isinstance(message, Restore) and on_restore is not None:
+            on_restore(message)
         elif isinstance(message, Stop):
             return

@@ -10,6 +10,8 @@ import contextlib
 import logging
 import signal
 import socket
+from collections.abc import Coroutine
+from typing import Any
 
 from infermux.dataplane.assembly import build_dataplane, build_repository
 from infermux.dataplane.channel_server import ChannelServer
@@ -22,30 +24,53 @@ from infermux.repository import Shard
 from infermux.settings import ServerSettings
 
 from .common import become_child, configure_logging, run
-from .control import Control, Detach, Failed, Ready, Scrape, Scraped, follow
+from .control import (
+    Changed,
+    Control,
+    Detach,
+    Failed,
+    Ready,
+    Restore,
+    Restored,
+    Scrape,
+    Scraped,
+    follow,
+)
+from .desired import Desired, Held
 
 logger = logging.getLogger("infermux.executor")
 
 
 def main(
-    settings: ServerSettings, index: int, sock: socket.socket, metrics_sock: socket.socket | None
+    settings: ServerSettings,
+    index: int,
+    sock: socket.socket,
+    metrics_sock: socket.socket | None,
+    desired: Desired,
 ) -> None:
     """Process entry point (spawned by the supervisor). ``metrics_sock``: the supervisor's
     metrics listener (it outlives executors), served here, where the model statistics are, when
-    there is one executor; with several the supervisor serves it and asks each for its part."""
+    there is one executor; with several the supervisor serves it and asks each for its part.
+    ``desired``: what clients changed before this process started (:mod:`.desired`), in
+    effect before it reports ready."""
     become_child()
     configure_logging(settings, "executor" if settings.executors == 1 else f"executor-{index}")
-    run(_serve(settings, Shard(index, settings.executors), sock, metrics_sock))
+    run(_serve(settings, Shard(index, settings.executors), sock, metrics_sock, desired))
 
 
 async def _serve(
-    settings: ServerSettings, shard: Shard, sock: socket.socket, metrics_sock: socket.socket | None
+    settings: ServerSettings,
+    shard: Shard,
+    sock: socket.socket,
+    metrics_sock: socket.socket | None,
+    desired: Desired,
 ) -> None:
     control = await Control.open(sock)
     progress = LoadProgress() if LoadProgress.wanted() and shard.index == 0 else None
     repository = build_repository(settings, progress, shard)
     plane = build_dataplane(settings, repository)
-    channels = ChannelServer(plane)
+    held = Held(plane, repository, lambda *call: control.send(Changed(*call)))
+    channels = ChannelServer(plane, held.observe)
     metrics = (
         MetricsEndpoint(settings, repository, plane.router, metrics_sock) if metrics_sock else None
     )
@@ -69,7 +94,8 @@ async def _serve(
     try:
         TRACING.start(settings.trace)
         with progress or contextlib.nullcontext():
-            await repository.start()
+            await repository.start(skip=desired.models)
+        await held.restore(desired)
         if metrics is not None:
             await metrics.start()
     except (StartupError, InfermuxError, OSError) as exc:
@@ -82,15 +108,25 @@ async def _serve(
     control.send(Ready([f"{e.name}:{e.version}" for e in models]))
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-    detaching: set[asyncio.Task[None]] = set()
+    tasks: set[asyncio.Task[None]] = set()
+
+    def background(work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work)
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    async def restored(message: Restore) -> None:
+        await held.restore(message.desired)
+        control.send(Restored())
 
     def detach(message: Detach) -> None:
-        task = asyncio.create_task(channels.detach(message.channel))
-        detaching.add(task)
-        task.add_done_callback(detaching.discard)
+        background(channels.detach(message.channel))
+
+    def on_restore(message: Restore) -> None:
+        background(restored(message))
 
     async def until_stopped() -> None:
-        await follow(control, lambda m: channels.attach(m.spec), detach, scrape)
+        await follow(control, lambda m: channels.attach(m.spec), detach, scrape, on_restore)
         stop.set()  # told to, or the supervisor is gone
 
     following = asyncio.create_task(until_stopped())
@@ -99,7 +135,7 @@ async def _serve(
     logger.info("executor stopping: finishing admitted requests")
     plane.begin_shutdown()
     await channels.close()
-    await asyncio.gather(*detaching)
+    await asyncio.gather(*tasks)
     await repository.close()
     if metrics is not None:
         await metrics.stop()

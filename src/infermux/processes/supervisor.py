@@ -5,8 +5,9 @@ no queued connection), starts the executors and the front ends, and gives each f
 fresh :class:`~infermux.ipc.Channel` to each executor whenever both ends are up. It restarts
 whatever dies: a dead front end costs only its own requests in flight; while an executor is
 down, front ends stay up and answer 503 (not ready) until the new one has loaded its models
-(with several executors, the models the others host keep serving). With several executors it
-also serves the metrics endpoint, merging what each executor sends.
+and been given back what clients changed (:mod:`.desired`; with several executors, the models
+the others host keep serving). A process that stops answering its heartbeat is killed
+(:mod:`.heartbeat`). With several executors it also serves the metrics endpoint (:mod:`.scrapes`).
 A process that keeps dying is restarted with growing delays (up to 10 s), never given up on,
 except at start-up, where a failure is the server's failure (bad repository, busy port).
 """
@@ -32,7 +33,6 @@ from infermux.frontends.metrics import MetricsEndpoint, metrics_socket
 from infermux.frontends.serving import http_endpoints, http_sockets
 from infermux.ipc import Channel
 from infermux.ipc.ring import ORDERED_STORES
-from infermux.observability import metrics as prometheus
 from infermux.settings import (
     DISABLED_PORT,
     IPC_RING_BYTES,
@@ -40,20 +40,25 @@ from infermux.settings import (
 )
 
 from . import executor, frontend
-from .children import KILL_GRACE, SCRAPE_TIMEOUT, Child, Slot, next_backoff
+from .children import KILL_GRACE, Child, Slot, next_backoff, stop
 from .common import check_shared_memory
 from .control import (
     Attach,
+    Changed,
     Control,
     Detach,
     Failed,
     Message,
+    Pong,
     Ready,
-    Scrape,
+    Restore,
+    Restored,
     Scraped,
     Started,
-    Stop,
 )
+from .desired import Desired
+from .heartbeat import Heartbeat
+from .scrapes import Scrapes
 
 logger = logging.getLogger("infermux")
 
@@ -68,14 +73,20 @@ class Supervisor:
         self._events: asyncio.Queue[tuple[Child, Message | None]] = asyncio.Queue()
         self._slots = [Slot(i) for i in range(settings.frontends)]
         self._executors = [Slot(i) for i in range(settings.executors)]
-        self._scrapes: dict[int, dict[int, asyncio.Future[Scraped]]] = {}
-        self._scrape_seq = 0
+        self._scrapes = Scrapes()
         self._metrics: MetricsEndpoint | None = None
         self._sockets: list[socket.socket] = []
         self._metrics_sock: socket.socket | None = None
         self._grpc_port = settings.grpc_port
         self._directory = Path(tempfile.mkdtemp(prefix="infermux-"))
         self._pending: set[asyncio.Task[None]] = set()
+        self._desired = Desired()  # what clients changed, for restarted executors (.desired)
+        self._heartbeat = Heartbeat(
+            {
+                "frontend": settings.frontend_heartbeat_timeout_secs,
+                "executor": settings.executor_heartbeat_timeout_secs,
+            }
+        )
         self.endpoints: list[str] = []
 
     def request_shutdown(self) -> None:
@@ -105,6 +116,7 @@ class Supervisor:
             await self._start()
             if self._metrics is not None:
                 await self._metrics.start()
+            self._background(self._heartbeat.run(self._children))
             stopped = asyncio.ensure_future(self._stop.wait())
             while not self._stop.is_set():
                 event = asyncio.ensure_future(self._events.get())
@@ -204,12 +216,15 @@ class Supervisor:
         ours, theirs = socket.socketpair()
         # One executor serves the metrics socket itself; several are asked by the supervisor.
         metrics = self._metrics_sock if len(self._executors) == 1 else None
+        given = self._desired.copy()
         process = self._context.Process(
             target=executor.main,
-            args=(self.settings, index, theirs, metrics),
+            args=(self.settings, index, theirs, metrics, given),
             name=f"infermux-executor-{index}",
         )
-        return await self._launch("executor", index, process, ours, theirs)
+        child = await self._launch("executor", index, process, ours, theirs)
+        child.given = given
+        return child
 
     async def _spawn_frontend(self, index: int) -> Child:
         ours, theirs = socket.socketpair()
@@ -246,6 +261,9 @@ class Supervisor:
 
         self._background(follow())
 
+    def _children(self) -> list[Child]:
+        return [s.child for s in self._slots + self._executors if s.child is not None]
+
     def _background(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(work)
         self._pending.add(task)
@@ -258,21 +276,38 @@ class Supervisor:
             return
         if message is None:
             await self._died(child)
+        elif isinstance(message, Pong):
+            self._heartbeat.answered(child)
+        elif isinstance(message, Changed):
+            # The executor's successors get it; so does this one's record of what it was
+            # given (a region its restore dropped is not sent to it again).
+            self._desired.record(message.method, message.args, message.kwargs)
+            child.given.record(message.method, message.args, message.kwargs)
         elif isinstance(message, Scraped):
-            waiting = self._scrapes.get(message.seq, {}).get(child.index)
-            if waiting is not None and not waiting.done():
-                waiting.set_result(message)
-        elif isinstance(message, Ready) and self._executors[child.index].child is child:
-            child.up = True
-            logger.info("%s ready again; reconnecting front ends", child.name)
-            self._connect_all()
+            self._scrapes.answered(child, message)
+        elif isinstance(message, Ready | Restored) and self._executors[child.index].child is child:
+            self._executor_ready(child)
         elif isinstance(message, Started):
             child.up = True
             slot = self._slots[child.index]
             if slot.child is child:
+                logger.info("%s started again (pid %s)", child.name, child.process.pid)
                 self._connect(slot)
         elif isinstance(message, Failed):
             logger.error("%s cannot start: %s", child.name, message.message)
+
+    def _executor_ready(self, child: Child) -> None:
+        """A restarted executor has loaded what it was given at spawn (or restored what it was
+        sent since): front ends are attached to it once it holds what clients changed, which
+        other executors may have changed while it started (the change went to them alone)."""
+        if child.given != self._desired:
+            child.given = self._desired.copy()
+            logger.info("%s ready; restoring what clients changed while it started", child.name)
+            child.control.send(Restore(child.given))
+            return
+        child.up = True
+        logger.info("%s ready again; reconnecting front ends", child.name)
+        self._connect_all()
 
     async def _died(self, child: Child) -> None:
         code = child.process.exitcode
@@ -286,9 +321,7 @@ class Supervisor:
             why = f"{child.name} exited (code {code}); it is restarting"
             for slot in self._slots:
                 self._retire(slot, why, executor=child.index)
-            for waiting in (s.get(child.index) for s in self._scrapes.values()):
-                if waiting is not None and not waiting.done():
-                    waiting.cancel()
+            self._scrapes.gone(child.index)
             place.backoff = next_backoff(place.backoff, child)
             place.child = None
             self._background(self._respawn_executor(place))
@@ -352,53 +385,24 @@ class Supervisor:
                 slot.child.control.send(Detach(channel.spec.id, reason))
             channel.close()
 
-    # -- metrics of several executors -------------------------------------------------------------
-
     async def _scrape(self) -> bytes:
-        """``/metrics`` with several executors: each sends its families, merged here."""
-        self._scrape_seq += 1
-        seq = self._scrape_seq
-        loop = asyncio.get_running_loop()
-        waiting = {}
-        for place in self._executors:
-            if place.child is not None and place.child.up:
-                waiting[place.index] = loop.create_future()
-                place.child.control.send(Scrape(seq))
-        self._scrapes[seq] = waiting
-        try:
-            done, _ = await asyncio.wait(waiting.values(), timeout=SCRAPE_TIMEOUT)
-        finally:
-            del self._scrapes[seq]
-        parts = [f.result().families for f in done if not f.cancelled()]
-        return prometheus.render(prometheus.merge(parts))
+        """``/metrics`` with several executors (:mod:`.scrapes`)."""
+        return await self._scrapes.collect(
+            p.child for p in self._executors if p.child is not None and p.child.up
+        )
 
     # -- shutdown ---------------------------------------------------------------------------------
 
     async def _shutdown(self) -> None:
         """Front ends first (they finish their requests, the executor still answering them),
         then the executor (it drains its queues and unloads)."""
-        fronts = [s.child for s in self._slots if s.child is not None]
-        await self._stop_children(fronts)
-        await self._stop_children([s.child for s in self._executors if s.child is not None])
+        timeout = self.settings.exit_timeout_secs + KILL_GRACE
+        await stop([s.child for s in self._slots if s.child is not None], timeout)
+        await stop([s.child for s in self._executors if s.child is not None], timeout)
         for slot in self._slots:
             self._retire(slot, "")
         for task in list(self._pending):
             task.cancel()
-
-    async def _stop_children(self, children: list[Child]) -> None:
-        for child in children:
-            child.stopping = True
-            child.control.send(Stop())
-        deadline = self.settings.exit_timeout_secs + KILL_GRACE
-        await asyncio.gather(*(self._reap(c, deadline) for c in children))
-
-    async def _reap(self, child: Child, timeout: float) -> None:
-        await asyncio.to_thread(child.process.join, timeout)
-        if child.process.is_alive():
-            logger.warning("%s did not stop in %.0f s; killing it", child.name, timeout)
-            child.process.kill()
-            await asyncio.to_thread(child.process.join)
-        child.control.close()
 
 
 __all__ = ["Supervisor"]

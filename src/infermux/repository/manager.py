@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 
 from infermux.backends.registry import BackendRegistry
@@ -72,12 +72,15 @@ class ModelRepository:
 
     # -- lifecycle -------------------------------------------------------------------------------
 
-    async def start(self) -> None:
-        """Discover the repositories and load what the control mode says to load at startup."""
+    async def start(self, skip: Collection[str] = ()) -> None:
+        """Discover the repositories and load what the control mode says to load at startup,
+        but for the models in ``skip`` (explicit mode: a restarted executor is given the models
+        clients loaded or unloaded since, and must not load them as the command line says)."""
         sources = discover_models(self._repositories)
         self._entries = {name: Entry(source) for name, source in sources.items()}
         if self._mode is ControlMode.EXPLICIT:
             wanted = list(sources) if "*" in self._startup_models else self._startup_models
+            wanted = [name for name in wanted if name not in skip]
             missing = [name for name in wanted if name not in sources]
             for name in missing:
                 logger.error("--load-model %s: no such model in the repositories", name)
@@ -202,6 +205,20 @@ class ModelRepository:
                 f"explicit model {action} is not allowed: the server runs with "
                 f"--model-control-mode={self._mode.value} (use explicit)"
             )
+
+    def mark_unavailable(self, name: str, reason: str) -> None:
+        """Say ``reason`` in the index for ``name``, which should be loaded and is not: a load
+        no client waited for (an executor restart's replay) failed, and the index is where it is
+        told (as ``UNAVAILABLE``, for the model and each version not served)."""
+        entry = self._entries.get(name)
+        if entry is None:  # e.g. gone from the repositories
+            entry = self._entries[name] = Entry(None)
+        entry.requested = True
+        if not entry.serving:
+            entry.model_error = reason
+        for version, (state, _) in list(entry.states.items()):
+            if state is not State.READY:
+                entry.states[version] = (State.UNAVAILABLE, reason)
 
     async def load(self, name: str, config_override: str | None = None) -> None:
         """Load ``name`` (or reload it: the new versions replace the old ones only when ready).
