@@ -6,7 +6,9 @@ registers the 64-byte handle with a device id and a size; infermux opens it once
 memory (PyTorch) as a :class:`~infermux.types.DeviceArray`, gathered device to device into the
 instance's buffers, so an image never travels through host memory. Other backends, and BYTES or
 BOOL inputs (whose contents must be parsed or checked on the host), get a host copy. Outputs are
-computed into pinned host memory today and copied host to device into the region.
+computed into pinned host memory today and copied host to device into the region. The size a
+client registers is held to the allocation the driver says the handle maps
+(``cuMemGetAddressRange``), at registration and before every copy.
 
 CUDA is reached through NVIDIA's ``cuda-python`` bindings (the ``gpu`` extra), imported when the
 first region is registered; without them, or without a GPU, registration fails with the reason.
@@ -305,10 +307,11 @@ class CudaSharedMemoryRegistry:
 
     def _check_allocation(self, what: str, region: _Region, offset: int, size: int) -> None:
         """Refuse a slice past the end of the allocation the handle maps, as the driver reports
-        it before this copy (or device view): registration checked the client's byte_size
-        against it, and this asks again because a copy past the real end, or into an
-        allocation that is gone, is an illegal address: an error that poisons the CUDA context
-        of every model on the device, not one request."""
+        it before this copy (or device view). Registration already held the client's byte_size
+        to it, and an allocation cannot shrink (one its owner frees stays mapped here until the
+        handle is closed: seen on an H200, driver 580); asking again costs about 2 µs and means
+        no copy rests on a check made elsewhere. A copy past the real end is an illegal
+        address, which poisons the CUDA context of every model on the device."""
         name = region.info.name
         try:
             available = self._runtime().allocation_size(region.pointer, region.info.device_id)
