@@ -103,9 +103,13 @@ class ConfigError(InvalidArgumentError):
 
 
 class ModelLoadError(InfermuxError):
-    """A model version could not be loaded; the repository index shows ``message`` as reason."""
+    """A model version could not be loaded; the repository index shows ``message`` as reason.
 
-    code = ErrorCode.INTERNAL
+    INVALID_ARG, as Triton answers a failed load (HTTP 400): what failed is the model or its
+    config (a bad field, a file missing or outside the model directory, the model raising while
+    it loads), and loading it again unchanged fails again."""
+
+    code = ErrorCode.INVALID_ARG
 
 
 class StartupError(Exception):

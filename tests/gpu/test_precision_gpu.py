@@ -34,12 +34,11 @@ def weights(instance: object) -> int:
 def test_half_precision_runs_in_captured_graphs_within_tolerance(
     tmp_path: Path, precision: str, dtype: torch.dtype
 ) -> None:
-    np.savez(tmp_path / "cal.npz", INPUT__0=rows(32, seed=5))
-    settings = parameter("precision", precision) + parameter(
-        "calibration_data", str(tmp_path / "cal.npz")
-    )
+    settings = parameter("precision", precision) + parameter("calibration_data", "cal.npz")
     (exact,) = load(write(tmp_path / "fp32", Wide(), GRAPHS), "cuda:0", 1)
-    (reduced,) = load(write(tmp_path / precision, Wide(), GRAPHS + settings), "cuda:0", 1)
+    model_dir = write(tmp_path / precision, Wide(), GRAPHS + settings)
+    np.savez(model_dir / "cal.npz", INPUT__0=rows(32, seed=5))  # inside the model directory
+    (reduced,) = load(model_dir, "cuda:0", 1)
     try:
         gpu = reduced.gpu
         assert gpu is not None
@@ -92,9 +91,8 @@ def test_the_guard_runs_on_the_gpu_and_refuses_an_fp16_overflow(tmp_path: Path) 
 
 
 def test_int8_is_refused_on_a_gpu_instance(tmp_path: Path) -> None:
-    np.savez(tmp_path / "cal.npz", INPUT__0=np.zeros((2, WIDTH), np.float32))
-    settings = parameter("precision", "int8") + parameter(
-        "calibration_data", str(tmp_path / "cal.npz")
-    )
+    settings = parameter("precision", "int8") + parameter("calibration_data", "cal.npz")
+    model_dir = write(tmp_path / "m", Wide(), settings)
+    np.savez(model_dir / "cal.npz", INPUT__0=np.zeros((2, WIDTH), np.float32))
     with pytest.raises(ModelLoadError, match="int8 kernels run on the CPU only"):
-        load(write(tmp_path / "m", Wide(), settings), "cuda:0", 1)
+        load(model_dir, "cuda:0", 1)

@@ -15,6 +15,7 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
+from infermux.backends.paths import model_path_of
 from infermux.errors import ModelLoadError
 from infermux.model_config import ModelConfig
 from infermux.types import DeviceArray, Parameters
@@ -95,10 +96,17 @@ def model_file(context: ModelContext, default: str) -> str:
     """The model file of this version (``default_model_filename`` overrides ``default``).
 
     Raises :class:`~infermux.errors.ModelLoadError` naming the path when it is missing, the same
-    message for every backend.
+    message for every backend, or naming the field when it resolves outside the model directory.
     """
-    name = context.config.default_model_filename or default
-    path = context.version_path / name
+    name = context.config.default_model_filename
+    field = "default_model_filename" if name else "model file"
+    path = model_path_of(
+        context.model_path,
+        context.version_path,
+        name or default,
+        field,
+        where=f"model '{context.config.name}' version {context.version}",
+    )
     if not path.is_file():
         raise ModelLoadError(
             f"model '{context.config.name}' version {context.version}: {path} not found"

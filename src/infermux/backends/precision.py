@@ -37,6 +37,7 @@ import numpy.typing as npt
 
 from infermux.backends.base import ModelContext
 from infermux.backends.calibration_cache import CalibrationCache
+from infermux.backends.paths import model_path_of
 from infermux.errors import ModelLoadError
 from infermux.model_config import ModelConfig
 from infermux.types import numpy_dtype
@@ -99,7 +100,11 @@ class PrecisionSettings:
         data = config.parameters.get(CALIBRATION_DATA, "").strip()
         path = None
         if data:
-            path = Path(data) if Path(data).is_absolute() else context.model_path / data
+            # Relative to the model directory; an absolute path only if it lies inside it.
+            path = model_path_of(
+                context.model_path, context.model_path, data, f"parameter {CALIBRATION_DATA}",
+                where=where,
+            )  # fmt: skip
             if not path.is_file():
                 raise ModelLoadError(f"{where}: parameter {CALIBRATION_DATA}: {path} not found")
         if precision is Precision.INT8 and path is None:

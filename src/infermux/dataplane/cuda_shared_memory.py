@@ -6,7 +6,9 @@ registers the 64-byte handle with a device id and a size; infermux opens it once
 memory (PyTorch) as a :class:`~infermux.types.DeviceArray`, gathered device to device into the
 instance's buffers, so an image never travels through host memory. Other backends, and BYTES or
 BOOL inputs (whose contents must be parsed or checked on the host), get a host copy. Outputs are
-computed into pinned host memory today and copied host to device into the region.
+computed into pinned host memory today and copied host to device into the region. The size a
+client registers is held to the allocation the driver says the handle maps
+(``cuMemGetAddressRange``), at registration and before every copy.
 
 CUDA is reached through NVIDIA's ``cuda-python`` bindings (the ``gpu`` extra), imported when the
 first region is registered; without them, or without a GPU, registration fails with the reason.
@@ -14,7 +16,9 @@ first region is registered; without them, or without a GPU, registration fails w
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import importlib
 import threading
 import weakref
 from collections.abc import Callable
@@ -37,13 +41,13 @@ from infermux.types import (
     DeviceArray,
     Parameters,
     Tensor,
-    element_count,
     numpy_dtype,
 )
 
 from .shared_memory import (
     DEFAULT_MAX_REGIONS,
     check_bounds,
+    check_fixed_size,
     check_region_count,
     placed,
     shm_reference,
@@ -70,6 +74,12 @@ class CudaIpc(Protocol):
 
     def close(self, pointer: int, device_id: int) -> None: ...
 
+    def allocation_size(self, pointer: int, device_id: int) -> int:
+        """Bytes of the allocation ``pointer`` lies in, from ``pointer`` to its end (what the
+        driver says, not what the client claimed); raises :class:`CudaCallError` when
+        ``pointer`` is in no allocation any more."""
+        ...
+
     def to_host(self, pointer: int, target: npt.NDArray[np.generic], device_id: int) -> None:
         """Copy ``target.nbytes`` bytes from the device into the host array ``target``."""
         ...
@@ -89,6 +99,7 @@ class CudaRuntime:
                 "pip install 'infermux[gpu]'"
             ) from exc
         self._rt: Any = cudart
+        self._driver: Any = importlib.import_module("cuda.bindings.driver")  # same package
         try:
             count = self._call("cudaGetDeviceCount")
         except CudaCallError as exc:
@@ -116,6 +127,14 @@ class CudaRuntime:
     def close(self, pointer: int, device_id: int) -> None:
         self._call("cudaSetDevice", device_id)
         self._call("cudaIpcCloseMemHandle", pointer)
+
+    def allocation_size(self, pointer: int, device_id: int) -> int:
+        self._call("cudaSetDevice", device_id)  # makes the device's primary context current
+        error, base, size = self._driver.cuMemGetAddressRange(pointer)
+        if error != self._driver.CUresult.CUDA_SUCCESS:
+            _, name = self._driver.cuGetErrorName(error)
+            raise CudaCallError(f"cuMemGetAddressRange failed: {name.decode()}")
+        return int(base) + int(size) - pointer
 
     def to_host(self, pointer: int, target: npt.NDArray[np.generic], device_id: int) -> None:
         self._call("cudaSetDevice", device_id)
@@ -203,6 +222,20 @@ class CudaSharedMemoryRegistry:
                 f"CUDA shared memory region '{name}': cannot open the IPC handle on device "
                 f"{device_id}: {exc}"
             ) from None
+        # byte_size is the client's claim; the driver knows what the handle really maps.
+        try:
+            available = ipc.allocation_size(pointer, device_id)
+        except CudaCallError as exc:
+            available, problem = 0, f"cannot size the allocation the handle maps: {exc}"
+        else:
+            problem = (
+                f"byte_size {byte_size} exceeds the {available} bytes of the CUDA allocation "
+                "the handle exports"
+            )
+        if byte_size > available:
+            with contextlib.suppress(CudaCallError):
+                ipc.close(pointer, device_id)
+            raise InvalidArgumentError(f"CUDA shared memory region '{name}': {problem}")
         info = CudaSharedMemoryRegion(name, device_id, byte_size)
         self._regions[name] = _Region(info, pointer, ipc)
 
@@ -235,13 +268,8 @@ class CudaSharedMemoryRegistry:
         what = f"input '{tensor.name}'"
         region, start, size = self._slice(what, tensor.parameters)
         if on_device and tensor.datatype not in _HOST_ONLY:
+            check_fixed_size(what, tensor, size)
             dtype = numpy_dtype(tensor.datatype)
-            expected = element_count(tensor.shape) * dtype.itemsize
-            if size != expected:
-                raise InvalidArgumentError(
-                    f"{what}: its shared memory byte size is {size} but shape "
-                    f"{list(tensor.shape)} of {tensor.datatype} needs {expected} bytes"
-                )
             return DeviceArray(start, tensor.shape, dtype, region.info.device_id, region)
         raw = np.empty(size, dtype=np.uint8)
         try:
@@ -274,4 +302,25 @@ class CudaSharedMemoryRegistry:
         if region is None:
             raise InvalidArgumentError(f"{what}: shared memory region '{name}' is not registered")
         check_bounds(what, name, offset, size, region.info.byte_size)
+        self._check_allocation(what, region, offset, size)
         return region, region.pointer + offset, size
+
+    def _check_allocation(self, what: str, region: _Region, offset: int, size: int) -> None:
+        """Refuse a slice past the end of the allocation the handle maps, as the driver reports
+        it before this copy (or device view). Registration already held the client's byte_size
+        to it, and an allocation cannot shrink (one its owner frees stays mapped here until the
+        handle is closed: seen on an H200, driver 580); asking again costs about 2 µs and means
+        no copy rests on a check made elsewhere. A copy past the real end is an illegal
+        address, which poisons the CUDA context of every model on the device."""
+        name = region.info.name
+        try:
+            available = self._runtime().allocation_size(region.pointer, region.info.device_id)
+        except CudaCallError as exc:
+            raise InvalidArgumentError(
+                f"{what}: shared memory region '{name}' maps no CUDA allocation any more: {exc}"
+            ) from None
+        if offset + size > available:
+            raise InvalidArgumentError(
+                f"{what}: offset {offset} + byte size {size} is past the end of the CUDA "
+                f"allocation of {available} bytes that region '{name}' maps"
+            )

@@ -1,14 +1,20 @@
 """System shared memory (Triton's extension): client-registered POSIX shm regions.
 
-A region is mapped once at registration. Inputs are read in place (zero-copy numpy views of the
-mapping for fixed-size datatypes); outputs are serialised straight into the mapping. Every name,
-offset and size is checked against the region before any byte is touched.
+A region's shm object is opened once, at registration, and its descriptor kept. Inputs are
+copied out of it with ``pread`` and outputs written into it with ``pwrite``; nothing is mapped.
+The client owns the object and may ``ftruncate`` it at any time: a mapping's pages past the new
+end raise SIGBUS when touched, which kills the process (the server, or with ``--frontends`` > 1
+the executor and every registration with it), and no check before the access can close that
+window. A read of a shrunk file just comes back short. So every access checks the object's
+size (``fstat``) first and answers INVALID_ARGUMENT naming the region when the bytes asked for
+are no longer there, and a read that still comes back short (truncated in between) is refused
+the same way. The copy costs one ``memcpy`` of the input (docs/decisions.md).
+
+Every name, offset and size is checked against the region before any byte is touched.
 """
 
 from __future__ import annotations
 
-import contextlib
-import mmap
 import os
 import re
 from dataclasses import dataclass
@@ -31,7 +37,9 @@ from infermux.types import (
     Parameters,
     SharedMemoryRegion,
     Tensor,
+    element_count,
     non_negative_int,
+    numpy_dtype,
 )
 
 try:  # CPython's own binding of shm_open, as used by multiprocessing.shared_memory
@@ -49,9 +57,9 @@ DISABLED = (
 
 
 @dataclass
-class _Mapped:
+class _Opened:
     info: SharedMemoryRegion
-    mapping: mmap.mmap
+    fd: int
 
 
 class SharedMemoryRegistry:
@@ -60,7 +68,7 @@ class SharedMemoryRegistry:
     def __init__(self, *, enabled: bool, max_regions: int = DEFAULT_MAX_REGIONS) -> None:
         self.enabled = enabled
         self.max_regions = max_regions  # each holds a mapping and a descriptor of the server's
-        self._regions: dict[str, _Mapped] = {}
+        self._regions: dict[str, _Opened] = {}
 
     def _check_enabled(self) -> None:
         if not self.enabled:
@@ -100,10 +108,10 @@ class SharedMemoryRegistry:
                     f"shared memory region '{name}': offset {offset} + byte_size {byte_size} "
                     f"exceeds the {size} bytes of '{key}'"
                 )
-            mapping = mmap.mmap(fd, offset + byte_size)
-        finally:
+        except BaseException:
             os.close(fd)
-        self._regions[name] = _Mapped(SharedMemoryRegion(name, key, offset, byte_size), mapping)
+            raise
+        self._regions[name] = _Opened(SharedMemoryRegion(name, key, offset, byte_size), fd)
 
     def unregister(self, name: str = "") -> None:
         """Forget region ``name`` (every region when ``name`` is "")."""
@@ -111,10 +119,8 @@ class SharedMemoryRegistry:
         if name and name not in self._regions:
             raise NotFoundError(f"shared memory region '{name}' is not registered")
         for region in [name] if name else list(self._regions):
-            mapped = self._regions.pop(region)
-            # A request still reading it keeps the mapping alive until its view is freed.
-            with contextlib.suppress(BufferError):
-                mapped.mapping.close()
+            # Nothing refers to the descriptor past a read or write: inputs are copies.
+            os.close(self._regions.pop(region).fd)
 
     def status(self, name: str = "") -> list[SharedMemoryRegion]:
         """Registered regions (one, when ``name`` is given)."""
@@ -126,40 +132,64 @@ class SharedMemoryRegistry:
         return [m.info for m in self._regions.values()]
 
     def close(self) -> None:
-        """Unmap everything (server shutdown)."""
+        """Close every region (server shutdown)."""
         if self._regions:
             self.unregister()
 
     def read(self, tensor: Tensor) -> npt.NDArray[np.generic]:
-        """The data of an input that lives in shared memory, read in place."""
-        view = self._view(f"input '{tensor.name}'", tensor.parameters)
-        array = tensor_from_bytes(tensor.name, tensor.datatype, tensor.shape, view)
-        if array.base is not None:
-            array.flags.writeable = False  # the client's memory: models must not write into it
-        return array
+        """The data of an input that lives in shared memory, copied out of the region."""
+        what = f"input '{tensor.name}'"
+        opened, start, size = self._slice(what, tensor.parameters)
+        if tensor.datatype != "BYTES":  # refused before copying what could not be decoded
+            check_fixed_size(what, tensor, size)
+        raw = memoryview(bytearray(size))
+        done = 0
+        while done < size:
+            try:
+                got = os.preadv(opened.fd, [raw[done:]], start + done)
+            except OSError as exc:
+                raise _inaccessible(what, opened.info, exc) from None
+            if got == 0:  # truncated between the size check and the read
+                raise _truncated(what, opened.info, start + done, start + size)
+            done += got
+        return tensor_from_bytes(tensor.name, tensor.datatype, tensor.shape, raw)
 
     def write(self, tensor: Tensor, parameters: Parameters) -> Tensor:
         """Serialise an output into the region its parameters name; returns the placed tensor."""
         what = f"output '{tensor.name}'"
-        view = self._view(what, parameters)
+        opened, start, size = self._slice(what, parameters)
         raw = tensor_to_bytes(tensor.datatype, tensor.data)
-        if len(raw) > len(view):
+        if len(raw) > size:
             raise InvalidArgumentError(
-                f"{what} needs {len(raw)} bytes but its shared memory byte size is {len(view)}"
+                f"{what} needs {len(raw)} bytes but its shared memory byte size is {size}"
             )
-        view[: len(raw)] = raw
+        # Truncated after the size check, pwrite grows the object back rather than faulting.
+        done = 0
+        while done < len(raw):
+            try:
+                done += os.pwrite(opened.fd, raw[done:], start + done)
+            except OSError as exc:
+                raise _inaccessible(what, opened.info, exc) from None
         return placed(tensor, parameters, len(raw))
 
-    def _view(self, what: str, parameters: Parameters) -> memoryview:
+    def _slice(self, what: str, parameters: Parameters) -> tuple[_Opened, int, int]:
+        """The region, the absolute offset in its object and the size a tensor refers to, once
+        the slice is known to lie inside the region and the object still holds it."""
         self._check_enabled()
         region, offset, size = shm_reference(what, parameters)
-        mapped = self._regions.get(region)
-        if mapped is None:
+        opened = self._regions.get(region)
+        if opened is None:
             raise InvalidArgumentError(f"{what}: shared memory region '{region}' is not registered")
-        info = mapped.info
+        info = opened.info
         check_bounds(what, region, offset, size, info.byte_size)
         start = info.offset + offset
-        return memoryview(mapped.mapping)[start : start + size]
+        try:
+            held = os.fstat(opened.fd).st_size
+        except OSError as exc:
+            raise _inaccessible(what, info, exc) from None
+        if start + size > held:
+            raise _truncated(what, info, held, start + size)
+        return opened, start, size
 
     def has(self, name: str) -> bool:
         """Whether region ``name`` is registered here."""
@@ -195,9 +225,35 @@ def check_bounds(what: str, region: str, offset: int, size: int, region_size: in
         )
 
 
+def check_fixed_size(what: str, tensor: Tensor, size: int) -> None:
+    """Refuse a fixed-size input whose shared-memory byte size is not what its shape needs."""
+    expected = element_count(tensor.shape) * numpy_dtype(tensor.datatype).itemsize
+    if size != expected:
+        raise InvalidArgumentError(
+            f"{what}: its shared memory byte size is {size} but shape "
+            f"{list(tensor.shape)} of {tensor.datatype} needs {expected} bytes"
+        )
+
+
 def placed(tensor: Tensor, parameters: Parameters, size: int) -> Tensor:
     """``tensor`` as answered when its data went into shared memory: no data, the region named."""
     where: Parameters = {SHM_REGION: parameters[SHM_REGION], SHM_BYTE_SIZE: size}
     if SHM_OFFSET in parameters:
         where[SHM_OFFSET] = parameters[SHM_OFFSET]
-    return Tensor(tensor.name, tensor.datatype, tensor.shape, tensor.data[:0], where)
+    # reshape: a 0-d output (a scalar) has no first axis to slice.
+    return Tensor(tensor.name, tensor.datatype, tensor.shape, tensor.data.reshape(-1)[:0], where)
+
+
+def _truncated(what: str, info: SharedMemoryRegion, held: int, needed: int) -> InvalidArgumentError:
+    return InvalidArgumentError(
+        f"{what}: shared memory region '{info.name}' was truncated to {held} bytes; it needs "
+        f"{needed} (key '{info.key}', registered at offset {info.offset} with byte_size "
+        f"{info.byte_size}): restore its size or register it again"
+    )
+
+
+def _inaccessible(what: str, info: SharedMemoryRegion, exc: OSError) -> InvalidArgumentError:
+    return InvalidArgumentError(
+        f"{what}: shared memory region '{info.name}' (key '{info.key}') cannot be accessed: "
+        f"{exc.strerror}"
+    )

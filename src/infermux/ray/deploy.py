@@ -20,7 +20,7 @@ from ray import serve
 from ray.serve.api import RunTarget, _run_many
 from ray.serve.config import RequestRouterConfig
 
-from infermux.errors import ConfigError, ModelLoadError, NotFoundError
+from infermux.errors import ConfigError, ErrorCode, ModelLoadError, NotFoundError
 from infermux.model_config import ModelConfig
 from infermux.ray.affinity import AffinityRouter
 from infermux.ray.options import deployment_options
@@ -147,9 +147,11 @@ class Deployer:
             if status in ("DEPLOY_FAILED", "UNHEALTHY"):
                 self.failures[name] = f"Ray deploy failed: {message}"
                 raise ModelLoadError(f"model '{name}': {self.failures[name]}")
-            if time.monotonic() > deadline:
+            if time.monotonic() > deadline:  # waiting for resources: no fault of the model's
                 self.failures[name] = f"not running after {timeout_s:g} s: {message or status}"
-                raise ModelLoadError(f"model '{name}': {self.failures[name]}")
+                raise ModelLoadError(
+                    f"model '{name}': {self.failures[name]}", ErrorCode.UNAVAILABLE
+                )
             time.sleep(WAIT_POLL_S)
 
     def deploy(self, name: str, config_override: str | None = None) -> None:

@@ -12,6 +12,8 @@ from pathlib import Path
 from infermux.backends import stacking
 from infermux.backends.base import BackendInstance, ModelContext
 from infermux.backends.outputs import to_output_tensors
+from infermux.backends.paths import model_path_of
+from infermux.backends.precision import CALIBRATION_DATA
 from infermux.backends.registry import BackendRegistry
 from infermux.errors import ModelLoadError
 from infermux.model_config import ModelConfig
@@ -85,6 +87,35 @@ async def build_version(
     )
     device_inputs = bool(getattr(backend, "accepts_device_inputs", False))
     return LoadedModel(config, version, scheduler, stats, device_inputs, instances)
+
+
+def check_config_paths(config: ModelConfig, path: Path, versions: Sequence[int]) -> None:
+    """Refuse a config naming a file outside the model directory ``path``, naming the field,
+    before any backend runs. Where a file is opened it is checked again by the same helper;
+    this catches the fields nothing opens yet (``label_filename``) and fails the whole load
+    once, in the same words, rather than once per version and instance."""
+    where = f"model '{config.name}'"
+    checks: list[tuple[Path, str, str]] = []
+    if config.default_model_filename:
+        checks += [
+            (path / str(v), config.default_model_filename, "default_model_filename")
+            for v in versions
+        ]
+    checks += [
+        (path, t.label_filename, f"output '{t.name}' label_filename")
+        for t in config.proto.output
+        if t.label_filename
+    ]
+    if config.parameters.get(CALIBRATION_DATA, "").strip():
+        checks.append((path, config.parameters[CALIBRATION_DATA].strip(), CALIBRATION_DATA))
+    for index, sample in enumerate(config.proto.model_warmup):
+        for name, spec in sample.inputs.items():
+            if spec.WhichOneof("input_data_type") == "input_data_file":
+                label = sample.name or f"#{index}"  # as warm_up names it
+                field = f"warm-up sample '{label}' input '{name}': input_data_file"
+                checks.append((path / "warmup", spec.input_data_file, field))
+    for base, value, field in checks:
+        model_path_of(path, base, value, field, where=where)
 
 
 EXECUTION_TIMEOUT_PARAMETER = "execution_timeout_ms"

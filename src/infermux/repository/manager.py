@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import time
 from collections.abc import Collection, Sequence
@@ -25,7 +26,7 @@ from infermux.errors import (
 from infermux.model_config import ModelConfig
 from infermux.repository.config_file import load_model_config
 from infermux.repository.layout import discover_models, fingerprint, list_versions
-from infermux.repository.loader import LoadedModel, build_version
+from infermux.repository.loader import LoadedModel, build_version, check_config_paths
 from infermux.repository.placement import ONLY, Shard, placements
 from infermux.repository.state import ControlMode, Entry, LoadObserver, Quiet, State
 from infermux.traffic_policy import CONFIG_PARAMETER as TRAFFIC_PARAMETER
@@ -223,7 +224,9 @@ class ModelRepository:
     async def load(self, name: str, config_override: str | None = None) -> None:
         """Load ``name`` (or reload it: the new versions replace the old ones only when ready).
 
-        Raises the load error when no version of the model could be loaded.
+        Raises the load error when no version of the model could be loaded: "failed to load
+        '<name>': <why>", INVALID_ARG (HTTP 400) as Triton answers a load that fails, unless a
+        more specific code applies (no such model: NOT_FOUND).
         """
         entry = self._entries.get(name)
         if entry is None or entry.source is None:
@@ -233,7 +236,10 @@ class ModelRepository:
             entry = self._entries[name] = Entry(sources[name])
         entry.requested = True
         async with entry.lock, self._limit:
-            await self._load_locked(entry, name, config_override)
+            try:
+                await self._load_locked(entry, name, config_override)
+            except InfermuxError as exc:
+                raise ModelLoadError(f"failed to load '{name}': {exc}", exc.code) from exc
 
     async def unload(self, name: str) -> None:
         """Unload every version of ``name`` once its admitted requests have finished."""
@@ -289,6 +295,7 @@ class ModelRepository:
                 raise ModelLoadError(
                     f"model '{name}': no version directory matches the version policy in {path}"
                 )
+            await asyncio.to_thread(check_config_paths, config, path, versions)
         except InfermuxError as exc:
             logger.error("failed to load model '%s': %s", name, exc)
             entry.load_failures += 1
@@ -378,7 +385,22 @@ class ModelRepository:
             for version in list(entry.states):
                 entry.states[version] = (State.UNAVAILABLE, "unloaded")
 
-    async def _retire(self, models: Sequence[LoadedModel]) -> None:
+    async def _retire(self, models: list[LoadedModel]) -> None:
+        """Close ``models`` (emptying the list: the repository's last references to them) and
+        collect the garbage they leave. A model's objects often sit in reference cycles (a
+        module's classes and functions, torch modules, a model keeping itself in a callback),
+        which refcounting alone never frees: without a collection here an unloaded model's
+        memory waits for the next automatic one, which allocation-light serving may not trigger
+        for a long time. What a model keeps reachable itself (module globals, caches in the
+        libraries it used) stays: see docs/reliability.md."""
+        if not models:
+            return
         await asyncio.gather(*(m.scheduler.close() for m in models))
-        for model in models:
-            logger.info("unloaded model '%s' version %d", model.name, model.version)
+        names = [(m.name, m.version) for m in models]
+        models.clear()
+        # Off the loop: gc holds the GIL, but finalizers that free device memory or close files
+        # release it, and the loop then keeps serving.
+        found = await asyncio.to_thread(gc.collect)
+        for name, version in names:
+            logger.info("unloaded model '%s' version %d", name, version)
+        logger.debug("garbage collection after unloading: %d unreachable objects", found)

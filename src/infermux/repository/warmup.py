@@ -14,6 +14,7 @@ import numpy as np
 import numpy.typing as npt
 
 from infermux.backends.base import BackendInstance, ModelRequest
+from infermux.backends.paths import model_path_of
 from infermux.errors import ModelLoadError
 from infermux.model_config import ModelConfig, config_datatype, pb
 from infermux.tensor_bytes import tensor_from_bytes
@@ -71,7 +72,9 @@ def _data(
     kind = spec.WhichOneof("input_data_type")
     count = element_count(shape)
     if kind == "input_data_file":
-        path = model_path / "warmup" / spec.input_data_file
+        path = model_path_of(
+            model_path, model_path / "warmup", spec.input_data_file, "input_data_file", where=where
+        )
         try:
             raw = path.read_bytes()
         except OSError as exc:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import queue
@@ -62,13 +63,19 @@ class InstanceThread(Executor):
 
     def _run(self) -> None:
         while (job := self._jobs.get()) is not None:
-            future, call = job
-            if not future.set_running_or_notify_cancel():
-                continue
-            try:
-                future.set_result(call())
-            except BaseException as exc:  # handed to the caller, who decides
-                future.set_exception(exc)
+            _run_job(*job)
+            # An idle thread waiting for the next job must not keep this one's closure (the
+            # instance, the batch's inputs) alive: an unloaded model would never be freed.
+            del job
+
+
+def _run_job(future: Future[Any], call: Callable[[], Any]) -> None:
+    if not future.set_running_or_notify_cancel():
+        return
+    try:
+        future.set_result(call())
+    except BaseException as exc:  # handed to the caller, who decides
+        future.set_exception(exc)
 
 
 def _timed_execute(
@@ -167,7 +174,9 @@ class InstanceSlot:
             await loop.run_in_executor(self._thread, self.instance.close)
         except Exception:
             logger.exception("%s: closing it failed", self.label)
-        self._thread.shutdown(wait=False)
+        # Joined (off the loop; it is idle now) so that the thread has dropped its last
+        # reference to the instance when the caller collects what the model left behind.
+        await loop.run_in_executor(None, functools.partial(self._thread.shutdown, wait=True))
 
 
 def _ignore_result(future: asyncio.Future[Any]) -> None:

@@ -16,7 +16,11 @@ import pytest
 from infermux.backends import BackendRegistry
 from infermux.backends.stacking import compatible, device_parts, stack
 from infermux.dataplane import DataPlane
-from infermux.dataplane.cuda_shared_memory import CudaRuntime, CudaSharedMemoryRegistry
+from infermux.dataplane.cuda_shared_memory import (
+    CudaCallError,
+    CudaRuntime,
+    CudaSharedMemoryRegistry,
+)
 from infermux.dataplane.inputs import to_model_request
 from infermux.dataplane.shared_memory import SharedMemoryRegistry
 from infermux.errors import (
@@ -34,6 +38,7 @@ from infermux.types import (
     SHM_REGION,
     DeviceArray,
     InferRequest,
+    Parameters,
     RequestedOutput,
     Tensor,
 )
@@ -63,6 +68,12 @@ class FakeIpc:
 
     def close(self, pointer: int, device_id: int) -> None:
         self.closed.append(pointer)
+
+    def allocation_size(self, pointer: int, device_id: int) -> int:
+        base = max(b for b in self.bases if b <= pointer)
+        if self.bases[base] not in self.memory:  # freed by its owner
+            raise CudaCallError("cuMemGetAddressRange failed: CUDA_ERROR_NOT_FOUND")
+        return len(self.memory[self.bases[base]]) - (pointer - base)
 
     def _at(self, pointer: int) -> tuple[bytearray, int]:
         base = max(b for b in self.bases if b <= pointer)
@@ -205,6 +216,39 @@ def test_reads_check_sizes_and_bounds(registry: CudaSharedMemoryRegistry, ipc: F
         )
 
 
+def test_a_region_is_held_to_the_allocation_the_driver_reports(
+    registry: CudaSharedMemoryRegistry, ipc: FakeIpc
+) -> None:
+    ipc.allocate(HANDLE, 64)
+    # byte_size is the client's claim: one past the real allocation is refused, and closed.
+    with pytest.raises(
+        InvalidArgumentError, match="'c': byte_size 128 exceeds the 64 bytes of the CUDA alloc"
+    ):
+        registry.register("c", HANDLE, 0, 128)
+    assert ipc.closed == [0x10000]
+    assert registry.status() == []
+    registry.register("c", HANDLE, 0, 64)
+    params: Parameters = {SHM_REGION: "c", SHM_BYTE_SIZE: 16, SHM_OFFSET: 16}
+    tensor = placed("x", "FP32", (4,), **params)
+    # Asked again before every copy: an allocation that shrank or went away is never touched.
+    ipc.memory[HANDLE] = bytearray(24)
+    copies: list[object] = []
+    ipc.to_host = lambda *args: copies.append(args)  # type: ignore[method-assign]
+    ipc.from_host = lambda *args: copies.append(args)  # type: ignore[method-assign]
+    for on_device in (True, False):
+        with pytest.raises(
+            InvalidArgumentError, match="past the end of the CUDA allocation of 24 bytes"
+        ):
+            registry.read(tensor, on_device=on_device)
+    out = Tensor("y", "FP32", (4,), np.zeros(4, np.float32))
+    with pytest.raises(InvalidArgumentError, match="region 'c' maps"):
+        registry.write(out, params)
+    del ipc.memory[HANDLE]
+    with pytest.raises(InvalidArgumentError, match="'c' maps no CUDA allocation any more"):
+        registry.read(tensor, on_device=True)
+    assert copies == []
+
+
 def test_write_copies_an_output_into_the_region(
     registry: CudaSharedMemoryRegistry, ipc: FakeIpc
 ) -> None:
@@ -221,8 +265,6 @@ def test_write_copies_an_output_into_the_region(
 def test_a_failing_copy_is_an_internal_error(
     registry: CudaSharedMemoryRegistry, ipc: FakeIpc
 ) -> None:
-    from infermux.dataplane.cuda_shared_memory import CudaCallError
-
     def fail(*args: object) -> None:
         raise CudaCallError("cudaMemcpy failed: cudaErrorIllegalAddress")
 

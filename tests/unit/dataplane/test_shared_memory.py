@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterator
 from multiprocessing import shared_memory
@@ -38,7 +39,7 @@ def test_disabled_registry_refuses_everything() -> None:
         registry.status()
 
 
-def test_read_and_write_in_place(segment: shared_memory.SharedMemory) -> None:
+def test_read_and_write(segment: shared_memory.SharedMemory) -> None:
     registry = SharedMemoryRegistry(enabled=True)
     registry.register("r", "/" + segment.name, 16, 128)
     data = np.arange(8, dtype=np.float32)
@@ -48,7 +49,8 @@ def test_read_and_write_in_place(segment: shared_memory.SharedMemory) -> None:
     tensor = shm_tensor("x", "FP32", (2, 4), **{SHM_REGION: "r", SHM_BYTE_SIZE: 32, SHM_OFFSET: 32})
     array = registry.read(tensor)
     np.testing.assert_array_equal(array, data.reshape(2, 4))
-    assert not array.flags.writeable
+    buf[16 + 32 : 16 + 36] = b"\xff" * 4  # a copy: the client's later writes do not reach it
+    assert array[0, 0] == 0
     out = Tensor("y", "INT16", (3,), np.array([1, -2, 3], np.int16))
     placed = registry.write(out, {SHM_REGION: "r", SHM_BYTE_SIZE: 6})
     assert placed.parameters == {SHM_REGION: "r", SHM_BYTE_SIZE: 6}
@@ -56,7 +58,6 @@ def test_read_and_write_in_place(segment: shared_memory.SharedMemory) -> None:
     assert np.frombuffer(buf[16:22], np.int16).tolist() == [1, -2, 3]
     assert [r.name for r in registry.status()] == ["r"]
     assert registry.status("r")[0].byte_size == 128
-    del array  # the view pins the mapping until freed
     registry.close()
     assert registry.status() == []
 
@@ -127,4 +128,59 @@ def test_output_too_big_for_its_region(segment: shared_memory.SharedMemory) -> N
     tensor = Tensor("y", "BYTES", (1,), np.array([b"x" * 10], dtype=np.object_))
     with pytest.raises(InvalidArgumentError, match="needs 14 bytes"):
         registry.write(tensor, {SHM_REGION: "r", SHM_BYTE_SIZE: 8})
+    registry.close()
+
+
+def test_a_truncated_object_is_refused_naming_the_region_never_faulted(
+    segment: shared_memory.SharedMemory,
+) -> None:
+    """A client may shrink its object after registering it; a mapped region would then raise
+    SIGBUS inside the server. Reads and writes check the object's size first."""
+    other = shared_memory.SharedMemory(name=f"imx_{uuid.uuid4().hex[:8]}", create=True, size=64)
+    registry = SharedMemoryRegistry(enabled=True)
+    try:
+        registry.register("r", segment.name, 16, 128)
+        registry.register("o", other.name, 0, 64)
+        path = f"/dev/shm/{segment.name}"
+        tensor = shm_tensor("x", "INT32", (4,), **{SHM_REGION: "r", SHM_BYTE_SIZE: 16})
+        out = Tensor("y", "INT32", (4,), np.arange(4, dtype=np.int32))
+        for size in (0, 31):  # nothing left, and one byte short of the slice's end
+            os.truncate(path, size)
+            with pytest.raises(InvalidArgumentError) as info:
+                registry.read(tensor)
+            assert str(info.value).startswith(
+                f"input 'x': shared memory region 'r' was truncated to {size} bytes; it needs 32"
+            )
+            with pytest.raises(InvalidArgumentError, match="region 'r' was truncated"):
+                registry.write(out, {SHM_REGION: "r", SHM_BYTE_SIZE: 16})
+        # Every other region is untouched, and this one works again once its size is back.
+        placed = registry.write(out, {SHM_REGION: "o", SHM_BYTE_SIZE: 16})
+        assert placed.parameters[SHM_BYTE_SIZE] == 16
+        os.truncate(path, 256)
+        registry.write(out, {SHM_REGION: "r", SHM_BYTE_SIZE: 16})
+        np.testing.assert_array_equal(registry.read(tensor), out.data)
+        assert [r.name for r in registry.status()] == ["r", "o"]
+    finally:
+        registry.close()
+        other.close()
+        other.unlink()
+
+
+def test_a_read_cut_short_by_a_truncation_is_refused(
+    segment: shared_memory.SharedMemory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Truncated between the size check and the copy: the read comes back short, and is refused
+    the same way (a mapping would have faulted here, whatever had been checked before)."""
+    registry = SharedMemoryRegistry(enabled=True)
+    registry.register("r", segment.name, 0, 64)
+    real = os.preadv
+
+    def truncating(fd: int, buffers: list[memoryview], offset: int) -> int:
+        os.ftruncate(fd, 8)
+        return real(fd, buffers, offset)
+
+    monkeypatch.setattr(os, "preadv", truncating)
+    tensor = shm_tensor("x", "INT32", (4,), **{SHM_REGION: "r", SHM_BYTE_SIZE: 16, SHM_OFFSET: 4})
+    with pytest.raises(InvalidArgumentError, match="'r' was truncated to 8 bytes; it needs 20"):
+        registry.read(tensor)
     registry.close()

@@ -1,13 +1,24 @@
 from __future__ import annotations
 
+import gc
 import shutil
+import weakref
+from collections.abc import Sequence
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import pytest
 
 from infermux.backends import BackendRegistry, ModelRequest
-from infermux.errors import ModelLoadError, NotFoundError, UnavailableError, UnsupportedError
+from infermux.backends.base import ExecuteResult, ModelContext
+from infermux.errors import (
+    ErrorCode,
+    ModelLoadError,
+    NotFoundError,
+    UnavailableError,
+    UnsupportedError,
+)
 from infermux.repository import ControlMode, ModelRepository
 from tests.support import IDENTITY_MODEL, write_model
 
@@ -181,3 +192,122 @@ class Model:
     names = sorted((tmp_path / "m" / "instances.log").read_text().split())
     assert names == ["g_cuda0_0@cuda:0", "g_cuda1_0@cuda:1", "m_0_cpu_0@cpu", "m_0_cpu_1@cpu"]
     await repository.close()
+
+
+# Writes a marker next to itself when imported: the proof that a refused file never ran.
+EVIL_MODEL = """
+from pathlib import Path
+
+Path(__file__).with_name("ran").write_text("imported")
+"""
+
+_IO = (
+    '"input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [-1]}], '
+    '"output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [-1]XX}]'
+)
+
+
+def override(extra: str = "", output: str = "") -> str:
+    return (
+        '{"name": "m", "backend": "python", "max_batch_size": 8, '
+        + _IO.replace("XX", output)
+        + extra
+        + "}"
+    )
+
+
+@pytest.mark.parametrize(
+    ("extra", "output", "field"),
+    [
+        (', "default_model_filename": "EVIL"', "", "default_model_filename"),
+        (', "default_model_filename": "../../evil/model.py"', "", "default_model_filename"),
+        ("", ', "label_filename": "../../evil/labels.txt"', "output 'OUTPUT0' label_filename"),
+        (', "parameters": {"calibration_data": {"string_value": "EVIL"}}', "", "calibration_data"),
+        (
+            ', "model_warmup": [{"name": "w", "batch_size": 1, "inputs": {"INPUT0": {'
+            '"data_type": "TYPE_FP32", "dims": [1], "input_data_file": "../../../evil/x"}}}]',
+            "",
+            "warm-up sample 'w' input 'INPUT0': input_data_file",
+        ),
+    ],
+)
+async def test_a_config_naming_a_file_outside_the_model_fails_the_load(
+    tmp_path: Path, extra: str, output: str, field: str
+) -> None:
+    repo, evil = tmp_path / "repo", tmp_path / "evil"
+    write_model(repo, "m")
+    evil.mkdir()
+    (evil / "model.py").write_text(EVIL_MODEL)
+    repository = repo_of(repo, ControlMode.EXPLICIT, "m")
+    await repository.start()
+    text = override(extra.replace("EVIL", str(evil / "model.py")), output)
+    with pytest.raises(ModelLoadError) as info:
+        await repository.load("m", text)
+    message = str(info.value)
+    assert message.startswith("failed to load 'm': model 'm'"), message
+    assert f"{field} '" in message
+    assert "resolves outside the model directory" in message
+    assert info.value.code is ErrorCode.INVALID_ARG
+    assert not (evil / "ran").exists()
+    assert await run(repository, "m", 3.0) == 3.0  # the loaded version keeps serving
+    await repository.close()
+
+
+async def test_a_failed_load_is_invalid_argument_and_says_failed_to_load(tmp_path: Path) -> None:
+    write_model(tmp_path, "m", source="raise RuntimeError('boom')\n")
+    repository = repo_of(tmp_path, ControlMode.EXPLICIT)
+    await repository.start()
+    with pytest.raises(ModelLoadError, match=r"^failed to load 'm': .*RuntimeError: boom") as info:
+        await repository.load("m")
+    assert info.value.code is ErrorCode.INVALID_ARG
+    with pytest.raises(ModelLoadError, match=r"^failed to load 'm': m \(config override\)") as bad:
+        await repository.load("m", "{not json")
+    assert bad.value.code is ErrorCode.INVALID_ARG
+    await repository.close()
+
+
+class _Cyclic:
+    """An instance in a reference cycle (as model objects often are): refcounting never frees
+    it; only a garbage collection does."""
+
+    alive: ClassVar[list[weakref.ref[_Cyclic]]] = []
+
+    def __init__(self) -> None:
+        self.me = self
+        _Cyclic.alive.append(weakref.ref(self))
+
+    def execute(self, requests: Sequence[ModelRequest]) -> list[ExecuteResult]:
+        return [{"OUTPUT0": r.inputs["INPUT0"]} for r in requests]
+
+    def close(self) -> None:
+        pass
+
+
+class _CyclicBackend:
+    name = "cyclic"
+    stacks_inputs = False
+
+    def load(self, context: ModelContext) -> _Cyclic:
+        return _Cyclic()
+
+
+async def test_an_unloaded_model_is_collected_at_once(tmp_path: Path) -> None:
+    model = write_model(tmp_path, "m")
+    config = model / "config.pbtxt"
+    config.write_text(config.read_text().replace('"python"', '"cyclic"'))
+    registry = BackendRegistry({"cyclic": _CyclicBackend})
+    repository = ModelRepository(
+        [tmp_path], registry, control_mode=ControlMode.EXPLICIT, startup_models=["m"]
+    )
+    gc.disable()  # only the repository's own collection may free it
+    try:
+        _Cyclic.alive.clear()
+        await repository.start()
+        assert await run(repository, "m", 1.0) == 1.0
+        await repository.load("m")  # a reload retires the first instance
+        assert [ref() is None for ref in _Cyclic.alive] == [True, False]
+        await repository.unload("m")
+        assert [ref() is None for ref in _Cyclic.alive] == [True, True]
+    finally:
+        gc.enable()
+        await repository.close()
