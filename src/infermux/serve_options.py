@@ -298,6 +298,14 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> argparse.ArgumentPars
         "way (default 256)",
     )
     serve.add_argument(
+        "--executor-ready-timeout-ms",
+        type=_positive(int),
+        default=1000,
+        metavar="MS",
+        help="with --frontends > 1: how long a front end waits for the executor's readiness "
+        "answer before it answers not ready (default 1000)",
+    )
+    serve.add_argument(
         "--exit-timeout-secs",
         type=_positive(int),
         default=30,
@@ -400,4 +408,5 @@ def parse_settings(argv: Sequence[str]) -> ServerSettings:
         frontends=args.frontends or auto_frontends(ipc_arena_mb=args.ipc_arena_mb),
         executors=args.executors,
         ipc_arena_mb=args.ipc_arena_mb,
+        executor_ready_timeout_ms=args.executor_ready_timeout_ms,
     )

@@ -182,6 +182,9 @@ class ServerSettings:
     """Executor processes (``--executors``); more than one runs the supervisor even with one
     front end, and places instances by device (``repository/placement.py``)."""
     ipc_arena_mb: int = DEFAULT_IPC_ARENA_MB
+    executor_ready_timeout_ms: int = 1000
+    """With ``--frontends > 1``: how long a front end waits for an executor's readiness answer
+    before it answers not ready (a stopped or stalled executor must not hang the probe)."""
     ray_address: str = ""
     """``--ray``: serve the models on this Ray cluster (``auto``, ``HOST:PORT``, ``ray://...``)
     with this process's front ends as the ingress (``infermux.ray``)."""
