@@ -280,7 +280,7 @@ class RemoteExecutor:
         one frame, not one per probe."""
         key = (method, *args)
         call = self._probes.get(key)
-        if call is None:
+        if call is None or call.done():  # done: failed as its executor went (ask the new one)
             call = asyncio.ensure_future(self._call(method, *args))
             self._probes[key] = call
             call.add_done_callback(lambda done: self._probe_done(key, done))
