@@ -337,6 +337,14 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> argparse.ArgumentPars
         "executor's event loop this long would get it killed)",
     )
     serve.add_argument(
+        "--executor-ready-timeout-ms",
+        type=_positive(int),
+        default=1000,
+        metavar="MS",
+        help="with --frontends > 1: how long a front end waits for the executor's readiness "
+        "answer before it answers not ready (default 1000)",
+    )
+    serve.add_argument(
         "--exit-timeout-secs",
         type=_positive(int),
         default=30,
@@ -442,4 +450,5 @@ def parse_settings(argv: Sequence[str]) -> ServerSettings:
         ipc_arena_mb=args.ipc_arena_mb,
         frontend_heartbeat_timeout_secs=args.frontend_heartbeat_timeout_secs,
         executor_heartbeat_timeout_secs=args.executor_heartbeat_timeout_secs,
+        executor_ready_timeout_ms=args.executor_ready_timeout_ms,
     )

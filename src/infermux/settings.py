@@ -194,6 +194,9 @@ class ServerSettings:
     killed and restarted, so that it stops getting new connections (0: never)."""
     executor_heartbeat_timeout_secs: float = 0.0
     """The same for executors; off by default (a model's work can hold an executor's loop)."""
+    executor_ready_timeout_ms: int = 1000
+    """With ``--frontends > 1``: how long a front end waits for an executor's readiness answer
+    before it answers not ready (a stopped or stalled executor must not hang the probe)."""
     ray_address: str = ""
     """``--ray``: serve the models on this Ray cluster (``auto``, ``HOST:PORT``, ``ray://...``)
     with this process's front ends as the ingress (``infermux.ray``)."""

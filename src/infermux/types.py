@@ -118,6 +118,10 @@ class InferRequest:
     parameters: Parameters = field(default_factory=dict)
     trace_context: dict[str, str] = field(default_factory=dict)
     """The caller's W3C ``traceparent``/``tracestate`` (HTTP headers, gRPC metadata), if any."""
+    deadline_ns: int = 0
+    """When the caller stops waiting, as ``time.monotonic_ns()`` (a gRPC deadline; 0: none).
+    In one process the transport cancels the request then; across processes it travels to the
+    executor, which must not start the request after it."""
 
 
 @dataclass(slots=True)

@@ -67,6 +67,7 @@ def test_triton_style_flags(tmp_path: Path) -> None:
         ["--executors", "some"],
         ["--frontends", "65"],
         ["--max-shm-regions", "0"],
+        ["--executor-ready-timeout-ms", "0"],
         ["--tls-cert", "c.pem"],
         ["--frontend-heartbeat-timeout-secs", "-1"],
         ["--frontend-heartbeat-timeout-secs", "nan"],
@@ -83,6 +84,12 @@ def test_invalid_values_exit_2(args: list[str], capsys: pytest.CaptureFixture[st
 def test_no_command_prints_help_and_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main([]) == 2
     assert "serve" in capsys.readouterr().err
+
+
+def test_the_readiness_bound_defaults_to_a_second() -> None:
+    assert parse_settings([]).executor_ready_timeout_ms == 1000
+    given = parse_settings(["--executor-ready-timeout-ms", "250"])
+    assert given.executor_ready_timeout_ms == 250
 
 
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:

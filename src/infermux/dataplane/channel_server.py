@@ -9,13 +9,23 @@ once, into its staging buffer); outputs are written once into this side's arena.
 When a front end goes away its channel is detached: its requests still running finish (they are
 admitted; the model's state and statistics stay consistent) but their answers are dropped, and
 the channel is unmapped when the last one is done.
+
+A request the front end gives up on (a :class:`~infermux.ipc.wire.Cancel` frame) or whose
+deadline passes has its task cancelled, as the in-process front ends cancel theirs: a queued
+request leaves the queue and never runs; one already in a running batch cannot be interrupted,
+so its cancellation completes when the batch ends (the scheduler's contract: only then are its
+input views in the front end's arena unused) and its result is dropped. A request whose
+deadline passed before it arrived is not started. Each is answered by a CANCELLED failure,
+which tells the front end that its input blocks are free; output blocks already placed for an
+answer never sent are released here.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from infermux.errors import InfermuxError, InternalError
@@ -24,10 +34,12 @@ from infermux.ipc.wire import (
     CALLS,
     Answer,
     Call,
+    Cancel,
     Infer,
     Release,
     Result,
     WireTensor,
+    cancelled,
     encode,
     failure,
     read_tensor,
@@ -52,6 +64,7 @@ class _Client:
     def __init__(self, link: Link) -> None:
         self.link = link
         self.tasks: set[asyncio.Task[None]] = set()
+        self.inferring: dict[int, asyncio.Task[None]] = {}  # by seq, for Cancel frames
         self.blocks: dict[int, Block] = {}  # answer blocks the front end has not released
 
 
@@ -107,18 +120,43 @@ class ChannelServer:
                     block = client.blocks.pop(offset, None)
                     if block is not None:
                         client.link.release(block)
-                continue
-            work = (
-                self._infer(client, message)
-                if isinstance(message, Infer)
-                else self._call(client, message)
-            )
-            task = asyncio.get_running_loop().create_task(work)
-            client.tasks.add(task)
-            task.add_done_callback(client.tasks.discard)
+            elif isinstance(message, Cancel):
+                _give_up(client, message.seq)
+            elif isinstance(message, Infer):
+                self._start_infer(client, message)
+            else:
+                self._track(client, self._call(client, message))
+
+    def _track(self, client: _Client, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        task = asyncio.get_running_loop().create_task(work)
+        client.tasks.add(task)
+        task.add_done_callback(client.tasks.discard)
+        return task
+
+    def _start_infer(self, client: _Client, message: Infer) -> None:
+        seq = message.seq
+        left_s = (message.deadline_ns - time.monotonic_ns()) / 1e9
+        if message.deadline_ns and left_s <= 0:
+            # It waited in the ring past its deadline (a stalled executor): nobody awaits it.
+            client.link.send(encode(cancelled(seq, "the request's deadline passed")))
+            return
+        task = self._track(client, self._infer(client, message))
+        client.inferring[seq] = task
+        loop = asyncio.get_running_loop()
+        timer = loop.call_later(left_s, _give_up, client, seq) if message.deadline_ns else None
+
+        def finished(_: object) -> None:
+            client.inferring.pop(seq, None)
+            if timer is not None:
+                timer.cancel()
+            if task.cancelled():  # also cancelled before it started: _infer never ran
+                client.link.send(encode(cancelled(seq, "the client gave up on the request")))
+
+        task.add_done_callback(finished)
 
     async def _infer(self, client: _Client, message: Infer) -> None:
         link = client.link
+        placed: list[Block] = []  # output blocks of an answer not sent yet
         try:
             request = InferRequest(
                 message.model,
@@ -130,8 +168,12 @@ class ChannelServer:
                 message.trace,
             )
             response = await self._plane.infer(request)
-            outputs = [await self._place(client, tensor) for tensor in response.outputs]
+            outputs = [await self._place(client, tensor, placed) for tensor in response.outputs]
+        except asyncio.CancelledError:  # answered by _start_infer once the task is done
+            self._unplace(client, placed)
+            raise
         except Exception as exc:
+            self._unplace(client, placed)
             if not isinstance(exc, InfermuxError):
                 logger.exception("request %d on channel %s failed", message.seq, link.id)
             link.send(encode(failure(message.seq, exc)))
@@ -149,11 +191,18 @@ class ChannelServer:
             )
         )
 
-    async def _place(self, client: _Client, tensor: Tensor) -> WireTensor:
+    async def _place(self, client: _Client, tensor: Tensor, placed: list[Block]) -> WireTensor:
         block, wire = await client.link.put_tensor(tensor, f"output '{tensor.name}'")
         if block is not None:
             client.blocks[block.offset] = block
+            placed.append(block)
         return wire
+
+    def _unplace(self, client: _Client, placed: list[Block]) -> None:
+        """Release the output blocks of an answer that will not be sent (no Release comes)."""
+        for block in placed:
+            if client.blocks.pop(block.offset, None) is block:
+                client.link.release(block)
 
     async def _call(self, client: _Client, message: Call) -> None:
         try:
@@ -171,3 +220,13 @@ class ChannelServer:
                 logger.exception("call %s on channel %s failed", message.method, client.link.id)
             reply = encode(failure(message.seq, exc))
         client.link.send(reply)
+
+
+def _give_up(client: _Client, seq: int) -> None:
+    """Cancel request ``seq``'s task, once (it leaves ``inferring``): a second cancellation (a
+    Cancel frame after the deadline fired) would cut short its wait for a batch that still
+    reads its inputs. Nothing to do when it was answered already (the answer crossed the
+    Cancel frame) or never started (its deadline had passed)."""
+    task = client.inferring.pop(seq, None)
+    if task is not None:
+        task.cancel()

@@ -14,7 +14,9 @@ instances of its own devices, so a model may be hosted by one executor or by sev
   durations summed per model version, the most-ready state of each version);
 - **load / unload**, **traffic policy** changes and **shared-memory registration** go to every
   executor (each one decides what it hosts; each maps the client's regions itself);
-- **readiness** needs every executor attached and ready.
+- **readiness** needs every executor attached and ready, each answering within the readiness
+  bound (``--executor-ready-timeout-ms``);
+- **cancellation** follows the request: the executor it was sent to is told (``remote.py``).
 """
 
 from __future__ import annotations
@@ -59,9 +61,13 @@ _STATE_RANK = {"READY": 4, "LOADING": 3, "UNLOADING": 2, "UNAVAILABLE": 1, "": 0
 class RemoteDataPlane:
     """Implements :class:`~.operations.Operations` over ``executors`` executor processes."""
 
-    def __init__(self, metadata: ServerMetadata, executors: int = 1) -> None:
+    def __init__(
+        self, metadata: ServerMetadata, executors: int = 1, *, ready_timeout_s: float = 1.0
+    ) -> None:
         self._metadata = metadata
-        self._executors = [RemoteExecutor(metadata) for _ in range(executors)]
+        self._executors = [
+            RemoteExecutor(metadata, ready_timeout_s=ready_timeout_s) for _ in range(executors)
+        ]
         self._hosts: dict[str, list[RemoteExecutor]] = {}
         self._stale = True
         self._learning: asyncio.Future[dict[str, list[RemoteExecutor]]] | None = None

@@ -8,7 +8,14 @@ ChannelServer` runs the request on the real data plane and answers the same way.
 
 While no executor is attached (it is starting, or restarting after a crash) the front end stays
 up: it is not ready, and inference answers UNAVAILABLE (HTTP 503) naming the reason; requests in
-flight when the executor went away fail the same way. Nothing waits forever.
+flight when the executor went away fail the same way. Nothing waits forever: a readiness probe
+the executor does not answer within ``ready_timeout_s`` (it is stopped, or stalled) answers not
+ready.
+
+A request the client gives up on (its task here is cancelled: an HTTP disconnect, a gRPC
+cancellation or deadline) is cancelled in the executor too, by a :class:`~infermux.ipc.wire.
+Cancel` frame, so that it leaves the model's queue instead of running for nobody; its input
+blocks stay allocated until the executor's answer says it no longer reads them.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from infermux.ipc.wire import (
     NO_DATA,
     Answer,
     Call,
+    Cancel,
     Failure,
     Infer,
     Release,
@@ -89,8 +97,10 @@ class RemoteExecutor:
     """Implements :class:`~.operations.Operations` by forwarding to one executor process
     (:class:`~.executors.RemoteDataPlane` spreads a front end's work over several)."""
 
-    def __init__(self, metadata: ServerMetadata) -> None:
+    def __init__(self, metadata: ServerMetadata, *, ready_timeout_s: float = 1.0) -> None:
         self._metadata = metadata
+        self._ready_timeout_s = ready_timeout_s
+        self._probes: dict[tuple[str, ...], asyncio.Future[Any]] = {}  # readiness calls in flight
         self._link: Link | None = None
         self._pending: dict[int, _Pending] = {}
         self._seq = itertools.count(1)
@@ -210,15 +220,30 @@ class RemoteExecutor:
                     inputs,
                     [(o.name, o.parameters) for o in request.outputs],
                     request.trace_context,
+                    request.deadline_ns,
                 )
             )
         )
-        answer: Answer = await entry.future
+        try:
+            answer: Answer = await entry.future
+        except asyncio.CancelledError:
+            self._abandon(link, seq, entry)
+            raise
         try:
             outputs = [read_tensor(link.endpoint.peer_arena, o, copy=True) for o in answer.outputs]
         finally:
             self._free(link, [o.offset for o in answer.outputs])
         return InferResponse(answer.model, answer.version, outputs, answer.id, answer.parameters)
+
+    def _abandon(self, link: Link, seq: int, entry: _Pending) -> None:
+        """The client gave up on request ``seq``. Its entry stays pending: the executor's
+        answer, whenever it comes, frees the input blocks (:meth:`_on_frames`)."""
+        future = entry.future
+        if future.cancelled():  # still waiting: the executor drops it from its queue
+            if link is self._link:
+                link.send(encode(Cancel(seq)))
+        elif future.exception() is None:  # answered just before: nobody reads the outputs
+            self._free(link, [o.offset for o in future.result().outputs])
 
     # -- every other operation --------------------------------------------------------------------
 
@@ -241,14 +266,34 @@ class RemoteExecutor:
     async def ready(self) -> bool:
         if self._link is None or self._shutting_down:
             return False
-        ready: bool = await self._call("ready")
-        return ready
+        return await self._probe("ready")
 
     async def model_ready(self, name: str, version: str = "") -> bool:
         if self._link is None:
             return False
-        ready: bool = await self._call("model_ready", name, version)
-        return ready
+        return await self._probe("model_ready", name, version)
+
+    async def _probe(self, method: str, *args: str) -> bool:
+        """A readiness call answered within ``ready_timeout_s``, else not ready: a probe must
+        answer while the executor is stopped (SIGSTOP) or stalled, for a load balancer to
+        route around it. Probes of one kind share the call in flight, so a long stop queues
+        one frame, not one per probe."""
+        key = (method, *args)
+        call = self._probes.get(key)
+        if call is None or call.done():  # done: failed as its executor went (ask the new one)
+            call = asyncio.ensure_future(self._call(method, *args))
+            self._probes[key] = call
+            call.add_done_callback(lambda done: self._probe_done(key, done))
+        try:
+            return bool(await asyncio.wait_for(asyncio.shield(call), self._ready_timeout_s))
+        except TimeoutError:
+            return False
+
+    def _probe_done(self, key: tuple[str, ...], call: asyncio.Future[Any]) -> None:
+        if self._probes.get(key) is call:
+            del self._probes[key]
+        if not call.cancelled():
+            call.exception()  # retrieved: every waiter may have timed out before it failed
 
     async def model_metadata(self, name: str, version: str = "") -> ModelMetadata:
         meta: ModelMetadata = await self._call("model_metadata", name, version)

@@ -5,6 +5,14 @@ bytes never travel in a header. The sender writes them once into an arena it all
 the header names their place; the receiver reads them there. Requests put inputs in the front
 end's arena, answers put outputs in the executor's, and a :class:`Release` frame hands an
 answer's blocks back once the front end has copied them out.
+
+Every :class:`Infer` is answered by exactly one :class:`Answer` or :class:`Failure`, also when
+the front end gave up on it (a :class:`Cancel` frame) or its deadline passed: that answer is
+what tells the front end the executor no longer reads the request's input blocks.
+
+Deadlines are ``time.monotonic_ns()`` instants: both ends share one host's monotonic clock (they
+share its memory), and an instant, unlike a remaining time, stays right however long the frame
+waited in the ring (an executor that was stopped).
 """
 
 from __future__ import annotations
@@ -52,6 +60,9 @@ class Infer(msgspec.Struct, array_like=True, tag=1):
     inputs: list[WireTensor]
     outputs: list[tuple[str, Parameters]]
     trace: dict[str, str] = {}  # W3C trace context headers, when the client sent them
+    deadline_ns: int = 0
+    """When the client stops waiting (``time.monotonic_ns()``; 0: never): the executor does not
+    start the request after it and gives it up at it."""
 
 
 class Call(msgspec.Struct, array_like=True, tag=2):
@@ -98,7 +109,16 @@ class Failure(msgspec.Struct, array_like=True, tag=6):
     an executor that went away, never a refusal)."""
 
 
-ToExecutor = Infer | Call | Release
+class Cancel(msgspec.Struct, array_like=True, tag=7):
+    """Front end -> executor: the client gave up on the :class:`Infer` ``seq`` (it disconnected,
+    cancelled, or its deadline passed). A queued request leaves its queue; one in a running
+    batch finishes, its result dropped. Either way it is still answered (a :class:`Failure`,
+    or an :class:`Answer` that crossed this frame), and a ``seq`` already answered is ignored."""
+
+    seq: int
+
+
+ToExecutor = Infer | Call | Release | Cancel
 ToFrontend = Answer | Result | Failure
 
 CALLS = frozenset(
@@ -135,6 +155,11 @@ def failure(seq: int, exc: BaseException) -> Failure:
     if isinstance(exc, InfermuxError):
         return Failure(seq, exc.code.value, exc.message, exc.reason.value)
     return Failure(seq, ErrorCode.INTERNAL.value, f"internal error: {exc}")
+
+
+def cancelled(seq: int, why: str) -> Failure:
+    """The answer to an :class:`Infer` that was given up (``why``) and will not run on."""
+    return Failure(seq, ErrorCode.CANCELLED.value, why, FailureReason.CANCELED.value)
 
 
 def raise_failure(frame: Failure) -> InfermuxError:

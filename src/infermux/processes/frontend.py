@@ -48,7 +48,11 @@ async def _serve(
     control = await Control.open(sock)
     for listener in http_sockets:
         listener.setblocking(False)
-    remote = RemoteDataPlane(server_metadata(settings), settings.executors)
+    remote = RemoteDataPlane(
+        server_metadata(settings),
+        settings.executors,
+        ready_timeout_s=settings.executor_ready_timeout_ms / 1000,
+    )
     try:
         fronts = FrontEnds(
             settings,

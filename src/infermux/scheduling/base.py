@@ -36,6 +36,10 @@ class Scheduler(Protocol):
 
         Raises :class:`infermux.errors.UnavailableError` once :meth:`close` has begun, and the
         error of the whole batch if the instance failed outside any one request.
+
+        Cancelling the caller takes a queued request out of the queue (it never runs); one in a
+        running batch is not interrupted: the cancellation completes when that batch ends (the
+        model may read the request's inputs until then) and the result is dropped.
         """
         ...
 

@@ -125,16 +125,28 @@ class DynamicBatcher:
         self._wakeup.set()
         try:
             try:
-                completion = await pending.future
+                # Shielded: a cancellation must not mark a request done that a batch still
+                # runs (see the except clause below).
+                completion = await asyncio.shield(pending.future)
                 error: InfermuxError | None = None
             except InfermuxError as exc:
                 completion, error = None, exc
             if gate is not None and previous is not None and not previous.done():
                 await asyncio.shield(previous)  # responses leave in arrival order
-        except BaseException:  # cancelled: the client is gone, so leave the queue now
-            self._queue.remove(pending)
+        except BaseException:  # cancelled: the client is gone
             if gate is not None:
                 _release_after(previous, gate)
+            if pending.queued:  # leave the queue now: it never runs
+                self._queue.remove(pending)
+                pending.future.cancel()
+            elif not pending.future.done():
+                # In a running batch, which cannot be interrupted: its result is dropped, but
+                # the cancellation completes only when the batch ends, because until then the
+                # model may read the request's inputs (which, across processes, are views of
+                # the front end's arena that it reuses once the request is over).
+                await asyncio.wait((pending.future,))
+                if not pending.future.cancelled():
+                    pending.future.exception()  # the batch's error is nobody's now: retrieved
             raise
         finally:
             self._in_flight -= 1

@@ -181,6 +181,26 @@ async def test_cancelled_request_is_skipped() -> None:
     await batcher.close()
 
 
+async def test_a_request_cancelled_in_a_running_batch_is_done_when_the_batch_is() -> None:
+    """Its inputs may be read until the batch ends (across processes they are views of the
+    front end's arena, reused once the request is over), so its cancellation waits for that."""
+    instance = Recorder()
+    instance.gate.clear()
+    batcher = batcher_of([instance], 1)
+    running = asyncio.ensure_future(batcher.submit(request(1)))
+    await asyncio.sleep(0.05)  # in the instance, held at the gate
+    running.cancel()
+    await asyncio.sleep(0.05)
+    assert not running.done()  # still cancelling: the batch holds its inputs
+    assert batcher.pending == 1
+    instance.gate.set()
+    with pytest.raises(asyncio.CancelledError):
+        await running
+    assert instance.batches == [[1]]  # it ran (it was running), its result dropped
+    assert batcher.pending == 0
+    await batcher.close()
+
+
 async def test_needs_an_instance() -> None:
     with pytest.raises(ValueError, match="at least one instance"):
         batcher_of([], 1)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any, NoReturn, TypeVar
 
@@ -146,6 +147,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
     async def ModelInfer(self, request: Message, context: Context) -> Message:
         infer_request = codec.decode_infer_request(request)
         _from_metadata(infer_request, context.invocation_metadata() or ())
+        infer_request.deadline_ns = _deadline_ns(context)
         response = await self._dp.infer(infer_request)
         return codec.encode_infer_response(response)
 
@@ -169,9 +171,10 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
 
         metadata = tuple(context.invocation_metadata() or ())
         peer = context.peer()
+        deadline_ns = _deadline_ns(context)  # the stream's: no request outlives it
 
         async def answer(message: Message) -> None:
-            await answers.put(await self._stream_answer(message, metadata, peer))
+            await answers.put(await self._stream_answer(message, metadata, peer, deadline_ns))
 
         async def read() -> None:
             requests = aiter(request_iterator)
@@ -203,7 +206,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
                 task.cancel()
 
     async def _stream_answer(
-        self, message: Message, metadata: tuple[Any, ...], peer: str
+        self, message: Message, metadata: tuple[Any, ...], peer: str, deadline_ns: int
     ) -> Message:
         if isinstance(message, Malformed):
             _malformed("ModelStreamInfer", peer, message)
@@ -211,6 +214,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         try:
             request = codec.decode_infer_request(message)
             _from_metadata(request, metadata)
+            request.deadline_ns = deadline_ns
             response = await self._dp.infer(request)
             return service_pb2.ModelStreamInferResponse(
                 infer_response=codec.encode_infer_response(response)
@@ -301,6 +305,14 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
     @_unary
     async def LogSettings(self, request: Message, context: Context) -> Message:
         _not_supported("log settings")
+
+
+def _deadline_ns(context: Context) -> int:
+    """The call's deadline as a ``time.monotonic_ns()`` instant (0: the client set none).
+    grpc.aio cancels the handler then; the instant travels to an executor process, which must
+    not start the request after it (``InferRequest.deadline_ns``)."""
+    remaining = context.time_remaining()
+    return 0 if remaining is None else time.monotonic_ns() + int(remaining * 1e9)
 
 
 def _from_metadata(request: InferRequest, metadata: Iterable[tuple[str, str]]) -> None:
