@@ -286,7 +286,7 @@ class RemoteExecutor:
             call.add_done_callback(lambda done: self._probe_done(key, done))
         try:
             return bool(await asyncio.wait_for(asyncio.shield(call), self._ready_timeout_s))
-        except TimeoutError:
+        except (TimeoutError, asyncio.TimeoutError):  # distinct classes on Python 3.10
             return False
 
     def _probe_done(self, key: tuple[str, ...], call: asyncio.Future[Any]) -> None:

@@ -130,7 +130,7 @@ class InstanceSlot:
         try:
             # shield: cancelling the wrapper must not try to cancel a call that is running.
             return await asyncio.wait_for(asyncio.shield(running), self._timeout_s)
-        except TimeoutError:
+        except (TimeoutError, asyncio.TimeoutError):  # distinct classes on Python 3.10
             running.add_done_callback(_ignore_result)
             raise ExecutionTimeout(
                 f"{self.label} did not finish within its "
