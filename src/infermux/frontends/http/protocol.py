@@ -67,8 +67,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self.timeout_keep_alive = self.limits.keep_alive_timeout  # type: ignore[assignment]
         self._head_open = True  # the next bytes belong to a request head
         self._head_received = 0  # bytes received since that head began (an upper bound)
-        self._head_size = 0  # bytes of its lines parsed so far
-        self._header_count = 0
+        self._head_deadline: float | None = None  # when the head under way is due
         self._head_timer: asyncio.TimerHandle | None = None
         self._body_timer: asyncio.TimerHandle | None = None
         self._last_read = 0.0
@@ -87,7 +86,9 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
                 linger=len(self.connections) <= 2 * self.limits.max_connections,
             )
             return
-        self._head_timer = self.loop.call_later(self.limits.header_timeout, self._head_timed_out)
+        # The first head is due within the timeout of the connection, even if no byte comes.
+        self._head_deadline = self.loop.time() + self.limits.header_timeout
+        self._head_timer = self.loop.call_at(self._head_deadline, self._head_timed_out)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_timers()
@@ -98,10 +99,8 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             return  # refused: what still comes is dropped
         self._unset_keepalive_if_required()
         if self._head_open:
-            if self._head_timer is None:  # between requests: the head starts now
-                self._head_timer = self.loop.call_later(
-                    self.limits.header_timeout, self._head_timed_out
-                )
+            if self._head_deadline is None:  # between requests: the head starts now
+                self._head_deadline = self.loop.time() + self.limits.header_timeout
             self._head_received += len(data)
         elif self._body_timer is not None:
             self._last_read = self.loop.time()
@@ -123,12 +122,13 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             else:
                 self._unsupported_upgrade_warning()
             return
+        # Timers only for what spans reads: a head or body that came whole costs none.
         if self._head_open:
             if self._head_received > self.limits.max_header_size:
                 self._refuse(431, self._head_too_large())
+            elif self._head_timer is None and self._head_deadline is not None:
+                self._head_timer = self.loop.call_at(self._head_deadline, self._head_timed_out)
         elif self._body_timer is None:
-            # A body is still to come (a request without one, or whose body came with its
-            # head, is complete by now and arms nothing).
             self._last_read = self.loop.time()
             self._body_timer = self.loop.call_later(self.limits.body_timeout, self._body_timed_out)
 
@@ -139,45 +139,37 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     # -- parser callbacks ---------------------------------------------------------------------
 
-    def on_message_begin(self) -> None:
-        super().on_message_begin()
-        self._head_size = 0
-        self._header_count = 0
-
-    def on_url(self, url: bytes) -> None:
-        super().on_url(url)
-        self._head_size += len(url)
-        if len(self.url) > self.limits.max_header_line_size:
+    def on_headers_complete(self) -> None:
+        # Lines are measured once the head is whole, not per callback (on the hot path): until
+        # then, the bytes received bound them (data_received).
+        limits = self.limits
+        if len(self.url) > limits.max_header_line_size:
             raise _Refused(
                 414,
-                f"the request line is longer than {self.limits.max_header_line_size} bytes "
+                f"the request line is longer than {limits.max_header_line_size} bytes "
                 "(--http-max-header-line-size)",
             )
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        limits = self.limits
-        self._header_count += 1
-        if self._header_count > limits.max_header_count:
+        if len(self.headers) > limits.max_header_count:
             raise _Refused(
                 431,
                 f"the request has more than {limits.max_header_count} header fields "
                 "(--http-max-header-count)",
             )
-        line = len(name) + len(value) + 4  # "name: value\r\n"
-        if line > limits.max_header_line_size:
-            raise _Refused(
-                431,
-                f"header '{_printable(name)}' is longer than {limits.max_header_line_size} "
-                "bytes (--http-max-header-line-size)",
-            )
-        self._head_size += line
-        if self._head_size > limits.max_header_size:
+        size = len(self.url)
+        for name, value in self.headers:
+            line = len(name) + len(value) + 4  # "name: value\r\n"
+            if line > limits.max_header_line_size:
+                raise _Refused(
+                    431,
+                    f"header '{_printable(name)}' is longer than {limits.max_header_line_size} "
+                    "bytes (--http-max-header-line-size)",
+                )
+            size += line
+        if size > limits.max_header_size:
             raise _Refused(431, self._head_too_large())
-        super().on_header(name, value)
-
-    def on_headers_complete(self) -> None:
         self._head_open = False
         self._head_received = 0
+        self._head_deadline = None
         if self._head_timer is not None:
             self._head_timer.cancel()
             self._head_timer = None
@@ -187,6 +179,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         super().on_message_complete()
         self._head_open = True
         self._head_received = 0
+        self._head_deadline = None
         if self._body_timer is not None:
             self._body_timer.cancel()
             self._body_timer = None
