@@ -10,12 +10,13 @@ open, *every* request gets 503, the well-behaved ones' included. h11 would bound
 this subclass adds, per :class:`~infermux.settings.HttpLimits` (docs/decisions.md):
 
 - head size: the request line (414) and each header line (431) within a line limit, the head
-  within a total, header fields within a count (431). Completed lines are measured in the
-  parser's callbacks; an unterminated line, which httptools buffers out of sight, by the bytes
-  received since the head began, so at most one read (256 KiB) passes the limit before the
-  connection is answered;
+  within a total, header fields within a count (431). A whole head is measured once, when it
+  completes; one still arriving (an unterminated line, which httptools buffers out of sight)
+  by the bytes received since it began, so at most one read (256 KiB) passes the limit before
+  the connection is answered;
 - a header timeout: the whole head within N seconds of the connection (or, between requests,
-  of its first byte); 408 if some of it came, a silent close if nothing did;
+  of its first byte); 408 if some of it came, a silent close if nothing did. Timers are armed
+  only for a head or body that spans reads: a request that arrives in one read costs none;
 - a body timeout: N seconds without a read of a body the app waits for is 408 and close (not
   while the server itself paused reading: that wait is the server's, not the client's);
 - the keep-alive timeout as a float flag;
