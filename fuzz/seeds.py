@@ -29,10 +29,30 @@ def seeds() -> dict[str, bytes]:
     raw = request.inputs.add(name="R", datatype="BYTES", shape=[1])
     del raw  # its bytes go in raw_input_contents, as tritonclient sends them
     request.raw_input_contents.extend([np.arange(4, dtype=np.int32).tobytes(), b"\x01\0\0\0z"])
+    # Past numpy's 64 dimensions (issue 23: a 500 / INTERNAL the fuzzers had not reached).
+    deep = {"name": "D", "datatype": "FP32", "shape": [1] * 65, "data": [1.0]}
+    deep_request = service_pb2.ModelInferRequest(model_name="m")
+    deep_request.inputs.add(name="D", datatype="FP32", shape=[1] * 65)
+    deep_request.raw_input_contents.append(b"\0\0\0\0")
+    # HTTP heads (mode 3, read 64 bytes at a time) of each size class the limits draw lines at.
+    health = b"GET /v2/health/live HTTP/1.1\r\nHost: h\r\n"
+    post = b"POST /v2/models/m/infer HTTP/1.1\r\nHost: h\r\nContent-Length: 2\r\n\r\n{}"
+    heads = {
+        "head_small": health + b"\r\n",
+        "head_post": post,
+        "head_long_line": health + b"X-Long: " + b"l" * 600 + b"\r\n\r\n",
+        "head_many": health + b"".join(b"X-%d: v\r\n" % i for i in range(20)) + b"\r\n",
+        "head_large": health + b"".join(b"X-%d: " % i + b"v" * 400 + b"\r\n" for i in range(6)),
+        "head_unterminated": health + b"X-Open: " + b"o" * 3000,
+        "head_pipelined": health + b"\r\n" + post + health + b"\r\n",
+    }
     return {
         "json": b"\0" + json.dumps(doc).encode(),
         "binary": b"\1" + len(header).to_bytes(2, "little") + binary,
         "grpc": b"\2" + request.SerializeToString(),
+        "json_deep": b"\0" + json.dumps({"inputs": [deep]}).encode(),
+        "grpc_deep": b"\2" + deep_request.SerializeToString(),
+        **{name: b"\3\x3f" + head for name, head in heads.items()},
     }
 
 

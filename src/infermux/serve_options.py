@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+from infermux.http_limit_options import add_http_limit_arguments, http_limits
 from infermux.settings import (
     DEFAULT_FRONTEND_HEARTBEAT_TIMEOUT,
     DEFAULT_GRPC_MAX_MESSAGE_SIZE,
@@ -369,6 +370,7 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> argparse.ArgumentPars
         "parameter overrides it); an instance that overruns fails its batch with 503 and is "
         "replaced",
     )
+    add_http_limit_arguments(serve)
     return serve
 
 
@@ -429,6 +431,7 @@ def parse_settings(argv: Sequence[str]) -> ServerSettings:
         allow_gpu_metrics=args.allow_gpu_metrics,
         trace=trace,
         http_max_input_size=args.http_max_input_size,
+        http_limits=http_limits(args),
         exit_timeout_secs=args.exit_timeout_secs,
         execution_timeout_ms=args.execution_timeout_ms,
         ray_address=args.ray_address,

@@ -145,6 +145,27 @@ def parse_trace_config(items: Sequence[str]) -> TraceSettings:
 
 
 @dataclass(frozen=True)
+class HttpLimits:
+    """What one client's HTTP connection may hold of a front-end process (the ``--http-*``
+    limit flags; docs/reliability.md, "HTTP limits"). Sizes are bytes, times seconds."""
+
+    max_header_size: int = 64 * 1024
+    """The whole request head: request line and header lines (Envoy's 60 KiB, rounded up)."""
+    max_header_line_size: int = 16 * 1024
+    """The request line and each header line (nginx's 8 KiB buffers, doubled for long tokens)."""
+    max_header_count: int = 100
+    """Header fields in one request (Envoy's default)."""
+    header_timeout: float = 10.0
+    """The whole head must arrive within this, counted from the connection or its first byte."""
+    body_timeout: float = 60.0
+    """Longest wait between two reads of a request body (nginx's ``client_body_timeout``)."""
+    keep_alive_timeout: float = 5.0
+    """An idle connection between requests is closed after this (uvicorn's default)."""
+    max_connections: int = 1024
+    """Open connections per front-end process; beyond, a new one is answered 503 and closed."""
+
+
+@dataclass(frozen=True)
 class ServerSettings:
     """Everything ``infermux serve`` can be told; defaults match ``tritonserver``'s."""
 
@@ -165,6 +186,7 @@ class ServerSettings:
     allow_gpu_metrics: bool = True
     trace: TraceSettings = field(default_factory=TraceSettings)
     http_max_input_size: int = DEFAULT_MAX_INPUT_SIZE
+    http_limits: HttpLimits = field(default_factory=HttpLimits)
     exit_timeout_secs: int = 30
     execution_timeout_ms: int = 0
     """Bound on one model ``execute`` (0: none); a model's ``execution_timeout_ms`` parameter

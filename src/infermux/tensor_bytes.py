@@ -40,11 +40,21 @@ def tensor_from_bytes(
     return np.frombuffer(raw, dtype=dtype.newbyteorder("<")).reshape(shape)
 
 
+MAX_DIMS = 64
+"""numpy's most dimensions an array may have (``NPY_MAXDIMS`` in numpy 2)."""
+
+
 def check_shape_size(what: str, shape: tuple[int, ...]) -> None:
-    """Refuse a shape numpy could not even describe (its non-zero dimensions multiply past
-    2**58, which at 16 bytes an element nears numpy's 2**63-byte bound): with a zero among them
-    the element count is 0 and every size check passes, but building the array would fail as
-    an internal error (found by tests/e2e/test_malformed.py, then by fuzz/ with INT64)."""
+    """Refuse a shape numpy could not even describe: more than :data:`MAX_DIMS` dimensions,
+    or non-zero dimensions multiplying past 2**58 (at 16 bytes an element that nears numpy's
+    2**63-byte bound). With a zero among them the element count is 0 and every size check
+    passes, but building the array would fail as an internal error (found by
+    tests/e2e/test_malformed.py, then by fuzz/ with INT64; the rank by issue 23). Both front
+    ends' codecs call this on every input shape before any array is built."""
+    if len(shape) > MAX_DIMS:
+        raise InvalidArgumentError(
+            f"{what}: shape has {len(shape)} dimensions; at most {MAX_DIMS} are supported"
+        )
     product = 1
     for dim in shape:
         product *= max(dim, 1)

@@ -69,6 +69,8 @@ def test_elements_per_input_are_bounded_over_http_and_grpc(limited: ServerProces
         grpc.infer("identity_fp32", fp32(grpcclient, 65))
     assert info.value.status() == "StatusCode.INVALID_ARGUMENT"
     assert grpc.infer("identity_fp32", fp32(grpcclient, 64)).as_numpy("OUTPUT0").size == 64
+    http.close()  # a client left open is a socket collected unclosed later: a ResourceWarning
+    grpc.close()
 
 
 def test_inputs_in_shared_memory_are_bounded_too(limited: ServerProcess) -> None:
@@ -83,6 +85,7 @@ def test_inputs_in_shared_memory_are_bounded_too(limited: ServerProcess) -> None
             client.infer("identity_fp32", [tensor])
         assert info.value.status() == "400"
         client.unregister_system_shared_memory("big")
+        client.close()
     finally:
         shm.destroy_shared_memory_region(handle)
 
@@ -100,6 +103,7 @@ def test_bytes_elements_are_bounded(limited: ServerProcess) -> None:
         client.infer("simple_identity", strings(11))
     assert info.value.status() == "400"
     assert "has a BYTES element of 11 bytes" in str(info.value)
+    client.close()
 
 
 def test_grpc_messages_are_bounded(limited: ServerProcess) -> None:

@@ -71,6 +71,8 @@ def _mutated_body(rng: random.Random) -> tuple[bytes, dict[str, str]]:
             item["parameters"] = {"binary_data_size": rng.choice([-1, 0, 3, 64, 2**40])}
         elif choice == 3 and isinstance(item, dict):
             item["shape"] = [rng.randint(-3, 2**31) for _ in range(rng.randint(0, 4))]
+            if rng.random() < 0.2:  # past numpy's 64 dimensions (issue 23: was a 500)
+                item["shape"] = [1] * rng.randint(60, 70)
         elif choice == 4 and isinstance(item, dict):
             item["parameters"] = {"shared_memory_region": rng.choice(["r", "", 5]),
                                   "shared_memory_byte_size": rng.choice([-1, 64, 2**62]),
@@ -135,7 +137,9 @@ def _grpc_fuzz(server: ServerProcess, rng: random.Random) -> Counter[int]:
                 tensor = request.inputs.add(
                     name=name,
                     datatype=rng.choice(datatypes),
-                    shape=[rng.choice([1, 16, -1, 0, 2**40]) for _ in range(rng.randint(0, 3))],
+                    shape=[rng.choice([1, 16, -1, 0, 2**40]) for _ in range(rng.randint(0, 3))]
+                    if rng.random() < 0.9
+                    else [1] * rng.randint(60, 70),  # past numpy's 64 dimensions
                 )
                 if rng.random() < 0.4:
                     tensor.contents.int_contents.extend(range(rng.randint(0, 20)))

@@ -7,6 +7,7 @@ import pytest
 from infermux import __version__
 from infermux.cli import auto_executors, main, parse_settings
 from infermux.settings import (
+    HttpLimits,
     TraceSettings,
     builtin_repositories,
     builtin_repository,
@@ -200,3 +201,29 @@ def test_auto_executors_counts_the_visible_gpus(visible: str, expected: int) -> 
     if platform.machine().lower() not in ("x86_64", "amd64"):
         pytest.skip("one executor off x86-64")
     assert auto_executors({"CUDA_VISIBLE_DEVICES": visible}) == expected
+
+
+def test_http_limit_flags() -> None:
+    assert parse_settings([]).http_limits == HttpLimits()
+    limits = parse_settings(
+        ["--http-max-header-size", "4096", "--http-max-header-line-size", "1024",
+         "--http-max-header-count", "20", "--http-header-timeout", "0.5",
+         "--http-body-timeout", "2.5", "--http-keep-alive-timeout", "1",
+         "--http-max-connections", "7"]
+    ).http_limits  # fmt: skip
+    assert limits == HttpLimits(
+        max_header_size=4096, max_header_line_size=1024, max_header_count=20,
+        header_timeout=0.5, body_timeout=2.5, keep_alive_timeout=1.0, max_connections=7,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["--http-header-timeout", "0"], ["--http-max-connections", "-1"],
+     ["--http-max-header-size", "x"]],
+)  # fmt: skip
+def test_bad_http_limits_exit_2(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        parse_settings(args)
+    assert info.value.code == 2
+    assert args[0] in capsys.readouterr().err

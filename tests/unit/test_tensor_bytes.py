@@ -255,6 +255,16 @@ def test_a_shape_numpy_cannot_describe_is_an_invalid_argument(datatype: str) -> 
         tensor_from_bytes("x", datatype, (2**40, 0, 2**40), b"")
 
 
+@pytest.mark.parametrize("datatype", ["BYTES", "FP32"])
+def test_more_dimensions_than_numpy_holds_is_an_invalid_argument(datatype: str) -> None:
+    """Issue 23: 65 dimensions failed building the array (numpy holds 64), as a 500."""
+    with pytest.raises(
+        InvalidArgumentError, match="input 'x': shape has 65 dimensions; at most 64"
+    ):
+        tensor_from_bytes("x", datatype, (1,) * 65, b"\0\0\0\0")
+    assert tensor_from_bytes("x", "FP32", (1,) * 64, b"\0\0\0\0").ndim == 64
+
+
 def test_bytes_elements_are_counted_before_allocating() -> None:
     """A BYTES shape of 2**40 elements over 4 bytes is refused without allocating 8 TiB."""
     with pytest.raises(InvalidArgumentError, match="fewer than the 1099511627776 elements"):

@@ -159,6 +159,7 @@ class FrontEnds:
             graceful_timeout=s.exit_timeout_secs,
             log_level="debug" if s.log_verbose > 1 else "warning",
             tls=(self._tls.cert, self._tls.key) if self._tls is not None else None,
+            limits=s.http_limits,
         )
         self._serving = asyncio.create_task(self._http.serve(self._sockets), name="http")
         await self._http.wait_started(self._serving)

@@ -38,6 +38,12 @@ ANY_JSON = st.recursive(
 )  # fmt: skip
 
 
+# Shape classes: a few dimensions of any size, or ranks around numpy's 64 of one element
+# (issue 23: 65 was a 500 / INTERNAL, which draws of at most 4 dimensions never reached).
+DEEP = st.integers(60, 70).map(lambda n: [1] * n)
+SHAPES = st.lists(st.integers(-3, 2**40), max_size=4) | DEEP
+
+
 def _valid_input() -> dict[str, Any]:
     return {"name": "INPUT0", "datatype": "INT32", "shape": [1, 4], "data": [1, 2, 3, 4]}
 
@@ -48,7 +54,9 @@ def near_valid_http(draw: st.DrawFn) -> tuple[bytes, int | None]:
     item = _valid_input()
     for key in draw(st.lists(st.sampled_from(["name", "datatype", "shape", "data", "parameters"]),
                              max_size=3)):  # fmt: skip
-        item[key] = draw(ANY_JSON | st.sampled_from(DATATYPES))
+        item[key] = draw(ANY_JSON | st.sampled_from(DATATYPES) | SHAPES)
+    if draw(st.integers(0, 4)) == 0:
+        item["shape"], item["data"] = draw(DEEP), [1]  # a deep shape its data matches
     if draw(st.booleans()):
         item.pop("data", None)
         item["parameters"] = {"binary_data_size": draw(st.integers(-5, 64))}
@@ -87,9 +95,14 @@ def near_valid_grpc(draw: st.DrawFn) -> bytes:
         tensor = request.inputs.add(
             name=draw(st.text(max_size=6)) or f"IN{i}",
             datatype=draw(st.sampled_from(DATATYPES) | st.text(max_size=5)),
-            shape=draw(st.lists(st.integers(-3, 2**40), max_size=4)),
+            shape=draw(SHAPES),
         )
-        if draw(st.booleans()):
+        if draw(st.integers(0, 4)) == 0:
+            del tensor.shape[:]
+            tensor.datatype = "INT32"
+            tensor.shape.extend(draw(DEEP))  # a deep shape, and one element to match it
+            tensor.contents.int_contents.append(1)
+        elif draw(st.booleans()):
             tensor.contents.int_contents.extend(draw(st.lists(st.integers(-(2**31), 2**31 - 1),
                                                               max_size=8)))  # fmt: skip
         if draw(st.booleans()):

@@ -31,6 +31,8 @@ from infermux.types import (
 )
 
 _ORJSON_OPTS = orjson.OPT_SERIALIZE_NUMPY
+# A finite JSON number can overflow these; their largest finite magnitudes (numpy's finfo).
+_NARROW_FLOATS = {"FP16": 65504.0, "FP32": 3.4028234663852886e38, "BF16": 3.3895313892515355e38}
 _INT_KINDS = "iu"
 
 
@@ -215,13 +217,40 @@ def json_to_array(
             f"input '{name}': 'data' holds {_KIND_NAMES.get(kind, parsed.dtype.name)} values, "
             f"which are not valid for datatype {datatype}"
         )
-    if dtype.kind in _INT_KINDS and parsed.size:
+    if not parsed.size:
+        return parsed.astype(dtype, copy=False).reshape(shape)
+    if kind != "b" and bool in set(map(type, _leaves(data, parsed.ndim))):
+        # numpy reads [1, true] as [1, 1]: a boolean hidden among numbers is refused as
+        # Triton refuses it. (One pass in C; numpy has no vectorised type test.)
+        raise InvalidArgumentError(
+            f"input '{name}': 'data' holds boolean values, which are not valid for datatype "
+            f"{datatype}"
+        )
+    if dtype.kind in _INT_KINDS:
         info = np.iinfo(dtype)  # type: ignore[type-var]  # dtype.kind is 'i' or 'u' here
         if parsed.min() < info.min or parsed.max() > info.max:
             raise InvalidArgumentError(
                 f"input '{name}': a value is out of range for datatype {datatype}"
             )
-    return parsed.astype(dtype, copy=False).reshape(shape)
+    if datatype not in _NARROW_FLOATS:
+        return parsed.astype(dtype, copy=False).reshape(shape)
+    with np.errstate(over="ignore"):
+        array = parsed.astype(dtype, copy=False)
+    if not np.isfinite(array).all():
+        # JSON numbers are finite (orjson refuses 1e400), so infinity here is a value beyond
+        # the datatype's range (FP32 past 3.4e38, FP16 past 65504, as rounded) that the cast
+        # overflowed: refused rather than sent on as inf (and answered as JSON null).
+        raise InvalidArgumentError(
+            f"input '{name}': a value is out of range for datatype {datatype} (largest "
+            f"magnitude {_NARROW_FLOATS[datatype]:.6g})"
+        )
+    return array.reshape(shape)
+
+
+def _leaves(data: list[Any], ndim: int) -> Any:
+    # The JSON values themselves (numpy's scalars would hide which were booleans); a regular
+    # nest (asarray succeeded) flattens in C as an object array.
+    return data if ndim == 1 else np.asarray(data, dtype=np.object_).ravel()
 
 
 def _large_ints(

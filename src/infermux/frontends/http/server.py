@@ -12,7 +12,9 @@ from pathlib import Path
 
 import uvicorn
 
+from infermux.frontends.http.protocol import protocol_class
 from infermux.frontends.http.transport import Receive, Scope, Send
+from infermux.settings import HttpLimits
 
 AsgiApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
@@ -28,7 +30,8 @@ class _EmbeddedServer(uvicorn.Server):
 
 
 class HttpServer:
-    """HTTP on bound sockets; ``serve`` returns after ``shutdown`` once open requests end."""
+    """HTTP on bound sockets; ``serve`` returns after ``shutdown`` once open requests end.
+    Each connection is held to ``limits`` (header sizes, timeouts, the connection cap)."""
 
     def __init__(
         self,
@@ -37,11 +40,12 @@ class HttpServer:
         graceful_timeout: int = 30,
         log_level: str = "warning",
         tls: tuple[Path, Path] | None = None,
+        limits: HttpLimits | None = None,
     ):
         cert, key = tls if tls is not None else (None, None)
         config = uvicorn.Config(
             app,
-            http="httptools",
+            http=protocol_class(limits or HttpLimits()),  # httptools, bounded (protocol.py)
             loop="none",  # the loop is infermux's (uvloop when available)
             lifespan="off",
             access_log=False,

@@ -114,9 +114,13 @@ class Request:
             await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
         finally:
             if not task.done():
+                # Only asked to stop: it is not done yet, so its result must not be read. If
+                # it ends in an error rather than cancelled, that error is moot (nobody to
+                # answer) and is retrieved here so that asyncio does not log it.
                 task.cancel()
+                task.add_done_callback(_retrieve)
             watcher.cancel()
-        if task.cancelled():
+        if not task.done() or task.cancelled():
             raise HttpError(499, "client disconnected before the response was ready")
         return task.result()
 
@@ -134,6 +138,11 @@ class Request:
         if not isinstance(doc, dict):
             raise InvalidArgumentError("the request body must be a JSON object")
         return doc
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 def _decompress(body: bytes, encoding: str, limit: int) -> bytes:

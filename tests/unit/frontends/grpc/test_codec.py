@@ -383,3 +383,12 @@ def test_metadata_index_shm_and_config_responses() -> None:
     assert reply.config.name == "m"
     assert reply.config.max_batch_size == 4
     assert reply.config.input[0].dims == [3]
+
+
+def test_a_shape_of_more_than_64_dimensions_names_the_input() -> None:
+    """Issue 23: numpy holds 64 dimensions; 65 was an INTERNAL error."""
+    request = service_pb2.ModelInferRequest(model_name="m")
+    item = request.inputs.add(name="INPUT0", datatype="INT32", shape=[1] * 65)
+    item.contents.int_contents.append(1)
+    with pytest.raises(InvalidArgumentError, match="input 'INPUT0': shape has 65 dimensions"):
+        codec.decode_infer_request(request)

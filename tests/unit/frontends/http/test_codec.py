@@ -589,6 +589,23 @@ def test_bad_input_names_the_input(fields: dict[str, Any], match: str) -> None:
         ("INT16", (2,), [[1], [2, 3]], "ragged"),
         ("FP64", (4,), [1, 2], "has 2 elements but shape \\[4\\] needs 4"),
         ("BYTES", (2,), [b"raw", "x"], "JSON strings"),
+        # Issue 23: booleans among numbers were read as 1 and 0, overflowing floats as inf.
+        ("INT32", (2,), [1, True], "boolean values"),
+        ("INT64", (2, 1), [[False], [2]], "boolean values"),
+        ("UINT8", (1,), [True], "boolean values"),
+        ("FP32", (2,), [1.5, True], "boolean values"),
+        ("FP64", (2,), [[True], [0.5]], "boolean values"),
+        (
+            "FP32",
+            (2,),
+            [1, 3.5e38],
+            "out of range for datatype FP32 \\(largest magnitude 3.40282e\\+38\\)",
+        ),
+        ("FP32", (1,), [-3.5e38], "out of range for datatype FP32"),
+        ("FP16", (1,), [65520], "out of range for datatype FP16 \\(largest magnitude 65504\\)"),
+        ("FP16", (1,), [2**64 - 1], "out of range for datatype FP16"),
+        ("BF16", (1,), [3.5e38], "out of range for datatype BF16"),
+        ("INT32", (1,), [2.0], "non-integer"),
     ],
 )
 def test_json_to_array_errors_name_the_input(
@@ -597,6 +614,27 @@ def test_json_to_array_errors_name_the_input(
     with pytest.raises(InvalidArgumentError, match=match) as info:
         json_to_array("INPUT7", datatype, shape, data)
     assert "input 'INPUT7'" in info.value.message
+
+
+@pytest.mark.parametrize(
+    ("datatype", "data", "expected"),
+    [
+        ("FP16", [65504, -65504.0, 65519.0], [65504, -65504, 65504]),  # rounds to the largest
+        ("FP32", [3.4e38, 1e-50], [np.float32(3.4e38), 0]),  # underflow rounds to 0, as a cast
+        ("FP64", [1e308, 1], [1e308, 1]),  # ints and floats mix
+    ],
+)
+def test_json_floats_within_range_are_accepted(
+    datatype: str, data: list[Any], expected: list[Any]
+) -> None:
+    array = json_to_array("INPUT0", datatype, (len(data),), data)
+    assert array.tolist() == np.asarray(expected, array.dtype).tolist()
+
+
+def test_a_shape_of_more_than_64_dimensions_names_the_input() -> None:
+    body = _body(_input(datatype="INT32", shape=[1] * 65, data=[1]))
+    with pytest.raises(InvalidArgumentError, match="input 'INPUT0': shape has 65 dimensions"):
+        decode_infer_request(body, None, "m", "")
 
 
 def _binary_body(
