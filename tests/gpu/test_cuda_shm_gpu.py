@@ -135,3 +135,42 @@ def test_tritonclient_cuda_shared_memory_round_trip(server: ServerProcess, proto
         cudashm.destroy_shared_memory_region(inputs_region)
         cudashm.destroy_shared_memory_region(outputs_region)
         client.close()
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_a_cuda_region_larger_than_its_allocation_is_refused(
+    server: ServerProcess, protocol: str
+) -> None:
+    """A client's byte_size is a claim: the server holds it to the allocation the driver says the
+    handle maps, since a copy past it is an illegal address that poisons the CUDA context of
+    every model on the device (issue 23). The server keeps serving CUDA shm afterwards."""
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+    import tritonclient.utils.cuda_shared_memory as cudashm
+    from tritonclient.utils import InferenceServerException
+
+    module: Any = grpcclient if protocol == "grpc" else httpclient
+    client = module.InferenceServerClient(server.grpc_url if protocol == "grpc" else server.url)
+    name = f"small_{protocol}"
+    region = cudashm.create_shared_memory_region(name, 1024, 0)
+    try:
+        with pytest.raises(InferenceServerException) as refused:
+            client.register_cuda_shared_memory(name, cudashm.get_raw_handle(region), 0, 1 << 20)
+        assert name in str(refused.value), refused.value
+        assert "exceeds" in str(refused.value), refused.value
+        status = client.get_cuda_shared_memory_status()
+        listed = status.regions if protocol == "grpc" else status
+        assert len(listed) == 0, f"a refused region must not be listed: {status}"
+        # The honest claim registers and serves an inference.
+        x = rows(1, 3)
+        cudashm.set_shared_memory_region(region, [x])
+        client.register_cuda_shared_memory(name, cudashm.get_raw_handle(region), 0, 1024)
+        infer_input = module.InferInput("INPUT__0", list(x.shape), "FP32")
+        infer_input.set_shared_memory(name, x.nbytes)
+        result = client.infer("wide", [infer_input])
+        expected = Wide().eval()(torch.from_numpy(x)).detach().numpy()
+        np.testing.assert_allclose(result.as_numpy("OUTPUT__0"), expected, rtol=1e-4, atol=1e-5)
+    finally:
+        client.unregister_cuda_shared_memory()
+        cudashm.destroy_shared_memory_region(region)
+        client.close()

@@ -207,35 +207,38 @@ class DynamicBatcher:
     async def _work(self, index: int) -> None:
         slot = self._slots[index]
         while True:
-            batch = await self._next_batch()
-            if self._queue:
-                self._wakeup.set()  # another idle worker may form the next batch meanwhile
-            dequeued = time.perf_counter_ns()
-            requests = [p.request for p in batch]
-            try:
-                results, started, ended = await slot.execute(requests)
-            except ExecutionTimeout as exc:
-                _fail_all(batch, _from_backend(exc))
-                if self._stats is not None:
-                    self._stats.record_timeout(index)
-                await slot.replace(lambda: self._closing)
-                if self._replaced is not None:
-                    self._replaced(index, slot.instance)
-                continue
-            except InfermuxError as exc:
-                _fail_all(batch, _from_backend(exc))
-                continue
-            except Exception as exc:
-                logger.exception("model '%s': execute failed", self._name)
-                _fail_all(
-                    batch, _from_backend(InternalError(f"model '{self._name}' failed: {exc}"))
-                )
-                continue
-            if len(results) != len(batch):
-                message = f"returned {len(results)} results for {len(batch)} requests"
-                _fail_all(batch, _from_backend(InternalError(f"model '{self._name}' {message}")))
-                continue
-            self._complete(batch, results, dequeued, started, ended, instance=index)
+            # The batch lives only in _run: a worker waiting for its next batch must not keep
+            # the last one's requests alive, nor what they hold (tensors, views of shared
+            # memory, a CUDA region's mapping, which then cannot be closed on unregister).
+            await self._run(index, slot, await self._next_batch())
+
+    async def _run(self, index: int, slot: InstanceSlot, batch: list[Pending]) -> None:
+        if self._queue:
+            self._wakeup.set()  # another idle worker may form the next batch meanwhile
+        dequeued = time.perf_counter_ns()
+        requests = [p.request for p in batch]
+        try:
+            results, started, ended = await slot.execute(requests)
+        except ExecutionTimeout as exc:
+            _fail_all(batch, _from_backend(exc))
+            if self._stats is not None:
+                self._stats.record_timeout(index)
+            await slot.replace(lambda: self._closing)
+            if self._replaced is not None:
+                self._replaced(index, slot.instance)
+            return
+        except InfermuxError as exc:
+            _fail_all(batch, _from_backend(exc))
+            return
+        except Exception as exc:
+            logger.exception("model '%s': execute failed", self._name)
+            _fail_all(batch, _from_backend(InternalError(f"model '{self._name}' failed: {exc}")))
+            return
+        if len(results) != len(batch):
+            message = f"returned {len(results)} results for {len(batch)} requests"
+            _fail_all(batch, _from_backend(InternalError(f"model '{self._name}' {message}")))
+            return
+        self._complete(batch, results, dequeued, started, ended, instance=index)
 
     def _complete(
         self,

@@ -243,3 +243,25 @@ async def test_a_bad_result_fails_its_request() -> None:
     with pytest.raises(InternalError, match="bad result"):
         await batcher.submit(request(1))
     await batcher.close()
+
+
+async def test_an_idle_worker_keeps_nothing_of_its_last_batch() -> None:
+    """Once a batch is answered, nothing of it stays referenced by the worker waiting for the
+    next one: its inputs may be views of shared memory or hold a CUDA region's mapping, which
+    an unregistration can close only when the last reference goes (on a GPU, re-registering a
+    fresh allocation failed with cudaErrorAlreadyMapped while the old mapping lived on)."""
+    import weakref
+
+    class Held(np.ndarray):  # a plain numpy array takes no weak references
+        pass
+
+    instance = Recorder()
+    batcher = batcher_of([instance], 4)
+    x = np.full((1, 1), 5).view(Held)
+    alive = weakref.ref(x)
+    done = await batcher.submit(ModelRequest({"x": x}, ("y",)))
+    assert value_of(done) == 10
+    del x, done
+    await asyncio.sleep(0.05)  # the worker is back waiting for work
+    assert alive() is None, "the idle worker still holds the last batch's input"
+    await batcher.close()
