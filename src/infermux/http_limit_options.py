@@ -6,24 +6,11 @@ screenful per concern; each default is explained in docs/reliability.md ("HTTP l
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
+from infermux.option_types import positive
 from infermux.settings import HttpLimits
 
 _DEFAULTS = HttpLimits()
-
-
-def _positive(kind: type[int] | type[float]) -> Any:
-    def parse(value: str) -> int | float:
-        try:
-            number = kind(value)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"'{value}' is not a {kind.__name__}") from None
-        if number <= 0:
-            raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
-        return number
-
-    return parse
 
 
 def add_http_limit_arguments(parser: argparse.ArgumentParser) -> None:
@@ -34,7 +21,7 @@ def add_http_limit_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--http-max-header-size",
-        type=_positive(int),
+        type=positive(int),
         default=d.max_header_size,
         metavar="BYTES",
         help=f"largest request head, request line and headers together; beyond: 431 "
@@ -42,21 +29,21 @@ def add_http_limit_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--http-max-header-line-size",
-        type=_positive(int),
+        type=positive(int),
         default=d.max_header_line_size,
         metavar="BYTES",
         help=f"largest header line (431) or request line (414) (default {d.max_header_line_size})",
     )
     group.add_argument(
         "--http-max-header-count",
-        type=_positive(int),
+        type=positive(int),
         default=d.max_header_count,
         metavar="N",
         help=f"most header fields in a request; beyond: 431 (default {d.max_header_count})",
     )
     group.add_argument(
         "--http-header-timeout",
-        type=_positive(float),
+        type=positive(float),
         default=d.header_timeout,
         metavar="SECONDS",
         help="the whole request head must arrive within this, from the connection (or, between "
@@ -64,7 +51,7 @@ def add_http_limit_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--http-body-timeout",
-        type=_positive(float),
+        type=positive(float),
         default=d.body_timeout,
         metavar="SECONDS",
         help=f"longest pause between two reads of a request body; then 408 and close (default "
@@ -72,7 +59,7 @@ def add_http_limit_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--http-keep-alive-timeout",
-        type=_positive(float),
+        type=positive(float),
         default=d.keep_alive_timeout,
         metavar="SECONDS",
         help=f"close a connection idle this long between requests (default "
@@ -80,7 +67,7 @@ def add_http_limit_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--http-max-connections",
-        type=_positive(int),
+        type=positive(int),
         default=d.max_connections,
         metavar="N",
         help=f"open HTTP connections per front-end process; a connection beyond is answered 503 "

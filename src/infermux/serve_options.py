@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import platform
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from infermux.http_limit_options import add_http_limit_arguments, http_limits
+from infermux.option_types import non_negative_int, non_negative_seconds, positive
 from infermux.settings import (
     DEFAULT_FRONTEND_HEARTBEAT_TIMEOUT,
     DEFAULT_GRPC_MAX_MESSAGE_SIZE,
@@ -57,39 +57,6 @@ def _port(value: str) -> int:
     if port != DISABLED_PORT and not 0 <= port <= 65535:
         raise argparse.ArgumentTypeError(f"port {port} is outside 0-65535 (or -1: no TCP)")
     return port
-
-
-def _positive(kind: type[int] | type[float]) -> Any:
-    def parse(value: str) -> int | float:
-        try:
-            number = kind(value)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"'{value}' is not a {kind.__name__}") from None
-        if number <= 0:
-            raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
-        return number
-
-    return parse
-
-
-def _non_negative_seconds(value: str) -> float:
-    try:
-        number = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{value}' is not a number of seconds") from None
-    if not math.isfinite(number) or number < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0 seconds, got {value}")
-    return number
-
-
-def _non_negative_int(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{value}' is not an integer") from None
-    if number < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return number
 
 
 def _count_or_auto(limit: int, auto: Callable[[], int]) -> Callable[[str], int]:
@@ -194,14 +161,14 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> argparse.ArgumentPars
     )
     serve.add_argument(
         "--max-shm-regions",
-        type=_positive(int),
+        type=positive(int),
         default=256,
         metavar="N",
         help="client shared-memory regions registered at once, system and CUDA each (default 256)",
     )
     serve.add_argument(
         "--max-input-elements",
-        type=_positive(int),
+        type=positive(int),
         default=DEFAULT_MAX_INPUT_ELEMENTS,
         metavar="N",
         help=f"elements one input tensor may hold, whatever the transport (default "
@@ -209,7 +176,7 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> argparse.ArgumentPars
     )
     serve.add_argument(
         "--max-bytes-element-size",
-        type=_positive(int),
+        type=positive(int),
         default=DEFAULT_MAX_BYTES_ELEMENT_SIZE,
         metavar="BYTES",
         help=f"largest element of a BYTES input (default {DEFAULT_MAX_BYTES_ELEMENT_SIZE})",
@@ -218,7 +185,7 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> argparse.ArgumentPars
     _add_bool(serve, "--allow-grpc", True, "serve the gRPC front end")
     serve.add_argument(
         "--grpc-max-message-size",
-        type=_positive(int),
+        type=positive(int),
         default=DEFAULT_GRPC_MAX_MESSAGE_SIZE,
         metavar="BYTES",
         help=f"largest gRPC message received; larger gets RESOURCE_EXHAUSTED (default "
@@ -226,7 +193,7 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> argparse.ArgumentPars
     )
     serve.add_argument(
         "--grpc-max-stream-in-flight",
-        type=_positive(int),
+        type=positive(int),
         default=DEFAULT_GRPC_MAX_STREAM_IN_FLIGHT,
         metavar="N",
         help="requests of one ModelStreamInfer stream read and not yet answered; the stream is "
@@ -258,7 +225,7 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> argparse.ArgumentPars
     )
     serve.add_argument(
         "--repository-poll-secs",
-        type=_positive(float),
+        type=positive(float),
         default=15.0,
         metavar="SECONDS",
         help="poll interval in poll mode (default 15)",
@@ -274,7 +241,7 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> argparse.ArgumentPars
     _add_bool(serve, "--allow-client-shm", False, "allow clients to register shared memory")
     serve.add_argument(
         "--log-verbose",
-        type=_non_negative_int,
+        type=non_negative_int,
         nargs="?",
         const=1,
         default=0,
@@ -289,7 +256,7 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> argparse.ArgumentPars
     )
     serve.add_argument(
         "--http-max-input-size",
-        type=_positive(int),
+        type=positive(int),
         default=DEFAULT_MAX_INPUT_SIZE,
         metavar="BYTES",
         help=f"largest HTTP request body accepted (default {DEFAULT_MAX_INPUT_SIZE})",
@@ -314,7 +281,7 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> argparse.ArgumentPars
     )
     serve.add_argument(
         "--ipc-arena-mb",
-        type=_positive(int),
+        type=positive(int),
         default=DEFAULT_IPC_ARENA_MB,
         metavar="MIB",
         help="with --frontends > 1: shared memory per front end for tensors in flight, each "
@@ -322,7 +289,7 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> argparse.ArgumentPars
     )
     serve.add_argument(
         "--frontend-heartbeat-timeout-secs",
-        type=_non_negative_seconds,
+        type=non_negative_seconds,
         default=DEFAULT_FRONTEND_HEARTBEAT_TIMEOUT,
         metavar="SECONDS",
         help="with --frontends > 1: a front-end process that leaves the supervisor's "
@@ -331,7 +298,7 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> argparse.ArgumentPars
     )
     serve.add_argument(
         "--executor-heartbeat-timeout-secs",
-        type=_non_negative_seconds,
+        type=non_negative_seconds,
         default=0.0,
         metavar="SECONDS",
         help="the same for executor processes (default 0: never; a model that blocks the "
@@ -339,7 +306,7 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> argparse.ArgumentPars
     )
     serve.add_argument(
         "--executor-ready-timeout-ms",
-        type=_positive(int),
+        type=positive(int),
         default=1000,
         metavar="MS",
         help="with --frontends > 1: how long a front end waits for the executor's readiness "
@@ -347,7 +314,7 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> argparse.ArgumentPars
     )
     serve.add_argument(
         "--exit-timeout-secs",
-        type=_positive(int),
+        type=positive(int),
         default=30,
         metavar="SECONDS",
         help="how long shutdown waits for in-flight requests (default 30)",
@@ -363,7 +330,7 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> argparse.ArgumentPars
     )
     serve.add_argument(
         "--execution-timeout-ms",
-        type=_non_negative_int,
+        type=non_negative_int,
         default=0,
         metavar="MS",
         help="bound on one model execution (default 0: none; a model's execution_timeout_ms "

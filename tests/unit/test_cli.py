@@ -220,7 +220,8 @@ def test_http_limit_flags() -> None:
 @pytest.mark.parametrize(
     "args",
     [["--http-header-timeout", "0"], ["--http-max-connections", "-1"],
-     ["--http-max-header-size", "x"]],
+     ["--http-max-header-size", "x"], ["--http-header-timeout", "nan"],
+     ["--http-body-timeout", "inf"], ["--execution-timeout-ms", "nan"]],
 )  # fmt: skip
 def test_bad_http_limits_exit_2(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as info:
