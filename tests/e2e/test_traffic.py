@@ -126,9 +126,11 @@ def test_bad_admin_requests_are_400_naming_the_field(server: ServerProcess) -> N
     reply = httpx.post(f"{base}/m/traffic", json={"weights": {"9": 1}})
     assert reply.status_code == 400
     assert "not served: 9" in reply.json()["error"]
-    reply = httpx.post(f"{base}/m/traffic/promote", json={"version": "two"})
-    assert reply.status_code == 400
-    assert "field 'version'" in reply.json()["error"]
+    # "¹" passes str.isdigit() but int() refuses it: once a 500 found by schemathesis.
+    for version in ("two", "\u00b9"):
+        reply = httpx.post(f"{base}/m/traffic/promote", json={"version": version})
+        assert reply.status_code == 400, reply.text
+        assert "field 'version'" in reply.json()["error"]
     assert httpx.get(f"{base}/nope/traffic").status_code == 404
     assert httpx.put(f"{base}/m/traffic").status_code == 405
     assert httpx.get(f"{base}/m/traffic/rollback").status_code == 405

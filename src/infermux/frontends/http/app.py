@@ -316,7 +316,7 @@ def _header_length(headers: dict[str, str]) -> int | None:
     if value is None:
         return None
     value = value.strip()
-    if not value.isdigit():
+    if not (value.isascii() and value.isdigit()):  # "¹".isdigit(), but int("¹") fails
         raise InvalidArgumentError(
             "header 'Inference-Header-Content-Length' must be a non-negative integer, "
             f"got {value!r}"

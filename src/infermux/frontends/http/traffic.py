@@ -41,7 +41,7 @@ async def handle(operations: Operations, request: Request, match: re.Match[str])
 
 
 def _version(value: object) -> int:
-    if isinstance(value, str) and value.isdigit():
+    if isinstance(value, str) and value.isascii() and value.isdigit():  # not "¹"
         value = int(value)
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise InvalidArgumentError("field 'version' must be a version number (e.g. 2)")

@@ -83,7 +83,12 @@ class Request:
         """The whole body, decompressed; 413 beyond ``max_body`` (before or after inflating)."""
         limit = self.max_body
         declared = self.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
+        if (
+            declared is not None
+            and declared.isascii()
+            and declared.isdigit()
+            and int(declared) > limit
+        ):
             raise HttpError(
                 413, f"request body of {declared} bytes exceeds the limit of {limit} bytes"
             )

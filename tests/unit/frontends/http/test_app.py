@@ -162,11 +162,15 @@ async def test_raw_binary_bytes_and_fixed_shapes(client: httpx.AsyncClient) -> N
 
 
 async def test_bad_header_and_limits(client: httpx.AsyncClient) -> None:
-    reply = await client.post(
-        "/v2/models/ident/infer", content=b"{}", headers={"Inference-Header-Content-Length": "x"}
-    )
-    assert reply.status_code == 400
-    assert "Inference-Header-Content-Length" in reply.json()["error"]
+    # b"\xb9" is latin-1 "¹", which str.isdigit() accepts and int() refuses.
+    for value in (b"x", b"\xb9"):
+        reply = await client.post(
+            "/v2/models/ident/infer",
+            content=b"{}",
+            headers={b"Inference-Header-Content-Length": value},
+        )
+        assert reply.status_code == 400, reply.text
+        assert "Inference-Header-Content-Length" in reply.json()["error"]
     reply = await client.post("/v2/models/ident/infer", content=b"[" * 20_000)
     assert reply.status_code == 413
 
