@@ -136,3 +136,46 @@ def test_a_load_that_fails_is_400_saying_failed_to_load(server: ServerProcess) -
     assert info.value.status() == str(grpc.StatusCode.INVALID_ARGUMENT)
     client.close()
     still_serving(server)
+
+
+def config_naming(field: str, path: str) -> str:
+    """ok_model's config with one more file-valued field set to ``path``."""
+    config: dict[str, Any] = json.loads(evil_config("model.py"))
+    if field == "label_filename":
+        config["output"][0]["label_filename"] = path
+    elif field == "calibration_data":
+        config["parameters"] = {"calibration_data": {"string_value": path}}
+    else:
+        config["model_warmup"] = [
+            {
+                "name": "w",
+                "batch_size": 1,
+                "inputs": {
+                    "INPUT0": {"data_type": "TYPE_FP32", "dims": [3], "input_data_file": path}
+                },
+            }
+        ]
+    return json.dumps(config)
+
+
+@pytest.mark.parametrize(
+    ("field", "named"),
+    [
+        ("label_filename", "output 'OUTPUT0' label_filename"),
+        ("calibration_data", "calibration_data"),
+        ("input_data_file", "warm-up sample 'w' input 'INPUT0': input_data_file"),
+    ],
+)
+def test_every_file_a_config_names_must_be_inside_the_model_directory(
+    server: ServerProcess, layout: Path, field: str, named: str
+) -> None:
+    """Not only the model file: every path a config builds (labels, calibration data, warm-up
+    inputs) is held to the model directory, over the same load request."""
+    url = f"http://{server.url}/v2/repository/models/ok_model/load"
+    for path in [str(layout / "evil" / "evil.py"), "../../evil/evil.py"]:
+        body: dict[str, Any] = {"parameters": {"config": config_naming(field, path)}}
+        reply = httpx.post(url, json=body, timeout=60)
+        assert reply.status_code == 400, reply.text
+        error = reply.json()["error"]
+        assert f"{named} '{path}' resolves outside the model directory" in error, error
+    still_serving(server)
