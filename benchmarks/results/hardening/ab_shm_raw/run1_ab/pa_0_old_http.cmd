@@ -1,0 +1,1 @@
+timeout -k 5 80 /tmp/pa/wheel/perf_analyzer/bin/perf_analyzer -m resnet50 -i http -u 127.0.0.1:56521 --concurrency-range 256 --measurement-interval 4000 --stability-percentage 25 --max-trials 5 -f /tmp/ab_shm/pa_0_old_http.csv 

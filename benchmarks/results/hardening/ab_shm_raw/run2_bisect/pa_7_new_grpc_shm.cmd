@@ -1,0 +1,1 @@
+timeout -k 5 80 /tmp/pa/wheel/perf_analyzer/bin/perf_analyzer -m resnet50 -i grpc -u 127.0.0.1:36601 --shared-memory system --concurrency-range 256 --measurement-interval 4000 --stability-percentage 25 --max-trials 5 -f /tmp/ab_shm/pa_7_new_grpc_shm.csv 
