@@ -142,7 +142,9 @@ class SharedMemoryRegistry:
         opened, start, size = self._slice(what, tensor.parameters)
         if tensor.datatype != "BYTES":  # refused before copying what could not be decoded
             check_fixed_size(what, tensor, size)
-        raw = memoryview(bytearray(size))
+        # np.empty, not bytearray(size): zero-filling what preadv overwrites costs the executor's
+        # event loop ~2 us per 150 KB input (a ResNet-50 image), ~10 us per 600 KB.
+        raw = np.empty(size, dtype=np.uint8).data
         done = 0
         while done < size:
             try:

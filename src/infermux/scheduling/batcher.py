@@ -125,9 +125,10 @@ class DynamicBatcher:
         self._wakeup.set()
         try:
             try:
-                # Shielded: a cancellation must not mark a request done that a batch still
-                # runs (see the except clause below).
-                completion = await asyncio.shield(pending.future)
+                # Not shielded: a shield costs every request one more event-loop pass on its
+                # way out (measured on the H200: part of a 14% drop at c=256). A cancellation
+                # cancels this future; a batch that runs the request skips cancelled futures.
+                completion = await pending.future
                 error: InfermuxError | None = None
             except InfermuxError as exc:
                 completion, error = None, exc
@@ -139,14 +140,14 @@ class DynamicBatcher:
             if pending.queued:  # leave the queue now: it never runs
                 self._queue.remove(pending)
                 pending.future.cancel()
-            elif not pending.future.done():
+            elif pending.batch_done is not None and not pending.batch_done.done():
                 # In a running batch, which cannot be interrupted: its result is dropped, but
                 # the cancellation completes only when the batch ends, because until then the
                 # model may read the request's inputs (which, across processes, are views of
                 # the front end's arena that it reuses once the request is over).
-                await asyncio.wait((pending.future,))
-                if not pending.future.cancelled():
-                    pending.future.exception()  # the batch's error is nobody's now: retrieved
+                await asyncio.wait((pending.batch_done,))
+            if pending.future.done() and not pending.future.cancelled():
+                pending.future.exception()  # the batch's error is nobody's now: retrieved
             raise
         finally:
             self._in_flight -= 1
@@ -213,6 +214,15 @@ class DynamicBatcher:
             await self._run(index, slot, await self._next_batch())
 
     async def _run(self, index: int, slot: InstanceSlot, batch: list[Pending]) -> None:
+        done: asyncio.Future[None] = self._loop.create_future()
+        for pending in batch:
+            pending.batch_done = done
+        try:
+            await self._execute(index, slot, batch)
+        finally:
+            done.set_result(None)  # the batch's inputs are no longer read
+
+    async def _execute(self, index: int, slot: InstanceSlot, batch: list[Pending]) -> None:
         if self._queue:
             self._wakeup.set()  # another idle worker may form the next batch meanwhile
         dequeued = time.perf_counter_ns()

@@ -36,6 +36,9 @@ class Pending:
     enqueued_ns: int = field(default_factory=time.perf_counter_ns)
     deadline_ns: int = 0  # 0: no queue timeout
     queued: bool = True
+    batch_done: asyncio.Future[None] | None = None
+    """Set when the request is taken into a batch; resolved when that batch is over (one future
+    per batch): a cancelled request waits on it, since the model may read its inputs until then."""
     trace: object = None
     """The request's span context when it is traced (infermux.observability.tracing)."""
 
