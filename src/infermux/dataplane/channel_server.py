@@ -135,17 +135,22 @@ class ChannelServer:
 
     def _start_infer(self, client: _Client, message: Infer) -> None:
         seq = message.seq
-        left_s = (message.deadline_ns - time.monotonic_ns()) / 1e9
-        if message.deadline_ns and left_s <= 0:
-            # It waited in the ring past its deadline (a stalled executor): nobody awaits it.
-            client.link.send(encode(cancelled(seq, "the request's deadline passed")))
-            return
-        task = self._track(client, self._infer(client, message))
-        client.inferring[seq] = task
         loop = asyncio.get_running_loop()
-        timer = loop.call_later(left_s, _give_up, client, seq) if message.deadline_ns else None
+        timer: asyncio.TimerHandle | None = None
+        if message.deadline_ns:
+            left_s = (message.deadline_ns - time.monotonic_ns()) / 1e9
+            if left_s <= 0:
+                # It waited in the ring past its deadline (a stalled executor): nobody awaits it.
+                client.link.send(encode(cancelled(seq, "the request's deadline passed")))
+                return
+            timer = loop.call_later(left_s, _give_up, client, seq)
+        task = loop.create_task(self._infer(client, message))
+        client.tasks.add(task)
+        client.inferring[seq] = task
 
+        # One callback per request does all the bookkeeping: this is the executor's hot path.
         def finished(_: object) -> None:
+            client.tasks.discard(task)
             client.inferring.pop(seq, None)
             if timer is not None:
                 timer.cancel()

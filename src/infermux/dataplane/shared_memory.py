@@ -67,7 +67,7 @@ class SharedMemoryRegistry:
 
     def __init__(self, *, enabled: bool, max_regions: int = DEFAULT_MAX_REGIONS) -> None:
         self.enabled = enabled
-        self.max_regions = max_regions  # each holds a mapping and a descriptor of the server's
+        self.max_regions = max_regions  # each holds a descriptor of the server's
         self._regions: dict[str, _Opened] = {}
 
     def _check_enabled(self) -> None:
