@@ -8,6 +8,7 @@ It is built from Triton's ``ModelConfig`` protobuf message (parsed from ``config
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -134,11 +135,21 @@ class ModelConfig:
 
     def input(self, name: str) -> TensorConfig | None:
         """The input named ``name``, or None."""
-        return next((t for t in self.inputs if t.name == name), None)
+        return self._inputs_by_name.get(name)
 
     def output(self, name: str) -> TensorConfig | None:
         """The output named ``name``, or None."""
-        return next((t for t in self.outputs if t.name == name), None)
+        return self._outputs_by_name.get(name)
+
+    # Looked up for every tensor of every request: a dict, not a scan (cached_property writes
+    # the instance's __dict__ directly, which a frozen dataclass allows).
+    @functools.cached_property
+    def _inputs_by_name(self) -> dict[str, TensorConfig]:
+        return {t.name: t for t in reversed(self.inputs)}  # the first of a name wins, as before
+
+    @functools.cached_property
+    def _outputs_by_name(self) -> dict[str, TensorConfig]:
+        return {t.name: t for t in reversed(self.outputs)}
 
     def full_shape(self, tensor: TensorConfig) -> tuple[int, ...]:
         """The shape a client sees: ``[-1] + dims`` when batching, else ``dims``."""

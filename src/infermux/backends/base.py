@@ -7,7 +7,7 @@ A :class:`Backend` is registered under a name (``infermux.backends`` entry point
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -75,6 +75,27 @@ class BackendInstance(Protocol):
     def close(self) -> None:
         """Release everything the instance holds; called once, after its last ``execute``."""
         ...
+
+
+Collect = Callable[[], Sequence[ExecuteResult]]
+"""Gives a launched batch's results, once its ``done`` was called."""
+
+
+class LaunchesOnLoop(Protocol):
+    """An instance that can start a batch without blocking (a GPU instance whose batch is a few
+    non-blocking calls on its stream: a CUDA graph replay and its copies).
+
+    The scheduler calls :meth:`launch` on its event loop instead of running ``execute`` on the
+    instance's thread. It enqueues the batch and returns at once; ``done()`` is called, from any
+    thread, when the batch has finished; then the returned function gives the results, one per
+    request (called on the loop, before the instance's next batch). ``launch`` returns None for a
+    batch it cannot start so (the scheduler then runs ``execute`` on the instance's thread), and
+    raises, having waited for anything it enqueued, when the batch fails to start.
+    """
+
+    def launch(
+        self, requests: Sequence[ModelRequest], done: Callable[[], None]
+    ) -> Collect | None: ...
 
 
 class Backend(Protocol):

@@ -77,6 +77,8 @@ def _check_output_shape(
 ) -> None:
     dims = spec.reshape if spec.reshape is not None else spec.dims
     expected = ((batch,) if config.batching else ()) + dims
+    if shape == expected:  # the common case, without the per-dimension scan
+        return
     if len(shape) != len(expected) or any(
         e not in (-1, g) for e, g in zip(expected, shape, strict=True)
     ):

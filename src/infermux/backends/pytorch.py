@@ -35,8 +35,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from infermux.backends.base import ModelContext, model_file
+from infermux.backends.base import ExecuteResult, ModelContext, ModelRequest, model_file
 from infermux.backends.precision import PrecisionReport, PrecisionSettings
+from infermux.backends.stacking import batch_shapes
 from infermux.backends.tensor import StackedInstance, require_no_bytes
 from infermux.backends.torch_gpu import GpuPath
 from infermux.backends.torch_model import TorchModel, reason
@@ -193,6 +194,32 @@ class PyTorchInstance(StackedInstance):
 
     def run(self, inputs: Mapping[str, npt.NDArray[np.generic]]) -> Mapping[str, npt.ArrayLike]:
         return self.run_batch(inputs, {})
+
+    def launch(
+        self, requests: Sequence[ModelRequest], done: Callable[[], None]
+    ) -> Callable[[], Sequence[ExecuteResult]] | None:
+        """Enqueue a batch that a captured CUDA graph runs and return at once (see
+        :class:`~infermux.backends.base.LaunchesOnLoop`); None for every other batch (on the
+        CPU, no graph for its shapes, eager), which :meth:`execute` runs on the instance's
+        thread."""
+        gpu = self._gpu
+        if gpu is None or gpu.graphs is None or self._model is None:
+            return None
+        graph = gpu.graph_for(batch_shapes(requests, self.config.batching))
+        if graph is None:
+            return None
+        import torch
+
+        try:
+            # inference_mode is thread-local, and the graphs' static inputs are inference tensors.
+            with torch.inference_mode():
+                collect = gpu.launch(graph, requests, done)
+        except InfermuxError:
+            raise
+        except Exception as exc:
+            logger.debug("model '%s' failed", self.config.name, exc_info=True)
+            raise InternalError(f"model '{self.config.name}' failed: {reason(exc)}") from exc
+        return lambda: self.results(collect(), requests)
 
     def run_batch(
         self,

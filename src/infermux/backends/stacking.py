@@ -58,6 +58,18 @@ def stack(
     return stacked
 
 
+def batch_shapes(requests: Sequence[ModelRequest], batching: bool) -> dict[str, tuple[int, ...]]:
+    """The shape every input of the stacked batch will have (host and device inputs alike),
+    known before anything is stacked; ``requests`` are compatible (:func:`compatible`)."""
+    first = requests[0]
+    rows = sum(r.batch_size for r in requests)
+    shapes: dict[str, tuple[int, ...]] = {}
+    for arrays in (first.inputs, first.device_inputs):
+        for name, array in arrays.items():
+            shapes[name] = (rows, *array.shape[1:]) if batching else tuple(array.shape)
+    return shapes
+
+
 def device_parts(requests: Sequence[ModelRequest]) -> dict[str, list[DeviceArray]]:
     """Each device input's per-request parts, in request order (gathered on the GPU)."""
     if not requests or not requests[0].device_inputs:

@@ -65,6 +65,12 @@ class StackedInstance(abc.ABC):
             outputs = self.run_batch(stack(requests, self.stack_target), device_parts(requests))
         except InfermuxError as exc:
             return [exc] * len(requests)
+        return self.results(outputs, requests)
+
+    def results(
+        self, outputs: Mapping[str, npt.ArrayLike], requests: Sequence[ModelRequest]
+    ) -> Sequence[ExecuteResult]:
+        """One batch's stacked outputs cut back into one result per request."""
         arrays = {name: np.asarray(value) for name, value in outputs.items()}
         if not self.config.batching:
             return [arrays] * len(requests)

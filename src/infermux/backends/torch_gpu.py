@@ -1,9 +1,12 @@
 """The GPU side of a PyTorch instance: its stream, staging buffers, share of the weights, graphs.
 
 Each batch is copied in through pinned buffers, run (a CUDA graph replay when one fits, else the
-model eagerly) and copied out, all queued on the instance's stream; the instance's thread then
-waits once, with the GIL released. Buffers are reserved at load for the largest batch, so steady
-state allocates nothing.
+model eagerly) and copied out, all queued on the instance's stream. A batch that a graph runs is
+*launched* from the event loop (:meth:`GpuPath.launch`: a few non-blocking calls, then the loop
+goes on; the completion thread reports the end); an eager batch, hundreds of kernel launches
+under the GIL, runs on the instance's thread, which waits once with the GIL released
+(:meth:`GpuPath.run`). Buffers are reserved at load for the largest batch, so steady state
+allocates nothing.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from infermux.backends.base import ModelContext
+from infermux.backends.base import ModelContext, ModelRequest
 from infermux.backends.torch_model import TorchModel
 from infermux.backends.torch_tensors import (
     device_tensor,
@@ -25,6 +28,7 @@ from infermux.backends.torch_tensors import (
     weight_bytes,
 )
 from infermux.runtime import (
+    CapturedGraph,
     CudaGraphs,
     GraphCaptureError,
     InstanceStream,
@@ -33,6 +37,8 @@ from infermux.runtime import (
     StagingBuffers,
     graph_buckets,
 )
+from infermux.runtime.driver import DRIVER
+from infermux.runtime.host_memory import HOST_MEMORY
 from infermux.runtime.streams import Priority
 from infermux.types import DeviceArray, numpy_dtype
 
@@ -86,45 +92,118 @@ class GpuPath:
         path._reserve(device=path.graphs is None)
         return path
 
+    def graph_for(self, shapes: Mapping[str, tuple[int, ...]]) -> CapturedGraph | None:
+        """The captured graph that runs a batch whose inputs have ``shapes`` (None: eager)."""
+        if self.graphs is None:
+            return None
+        return self.graphs.find(shapes, self.context.config.batching)
+
     def run(
         self,
         forward: Forward,
         inputs: Mapping[str, npt.NDArray[np.generic]],
         device: Mapping[str, Sequence[DeviceArray]],
     ) -> dict[str, npt.NDArray[Any]]:
-        """One batch, in and out through the staging buffers, on the instance's stream: host
-        inputs come through pinned memory, ``device`` inputs (per-request parts in GPU memory)
-        are gathered device to device."""
+        """One batch, in and out through the staging buffers, on the instance's stream, waited
+        for on the calling thread: host inputs come through pinned memory, ``device`` inputs
+        (per-request parts in GPU memory) are gathered device to device."""
+        with self.stream.batch():
+            staged = self._enqueue(forward, inputs, device)
+        return self._collect(staged)
+
+    def launch(
+        self,
+        graph: CapturedGraph,
+        requests: Sequence[ModelRequest],
+        done: Callable[[], None],
+    ) -> Callable[[], dict[str, npt.NDArray[Any]]]:
+        """A batch that ``graph`` runs, enqueued on the stream without waiting: ``done()`` is
+        called from the process's completion thread once the GPU finished it; after that the
+        returned function gives its outputs (call it before the next launch).
+
+        Each request's rows go to the graph's static inputs where they lie: one asynchronous
+        copy per request from pinned host memory (the front end's arena, a shared-memory read's
+        staging block) or from a client's CUDA shared memory on this device; only inputs lying
+        elsewhere are stacked into the pinned staging buffer first."""
+        batching = self.context.config.batching
+        first = requests[0]
+        device_id = self.stream.device.index or 0
+        with self.stream.launching(done) as stream:
+            handle = stream.cuda_stream
+            for key, target in graph.inputs.items():
+                if key in first.device_inputs:
+                    gpu = [r.device_inputs[key] for r in requests]
+                    if all(part.device_id == device_id for part in gpu):
+                        parts = [(part.pointer, part.nbytes) for part in gpu]
+                        DRIVER.gather_to_device(target.data_ptr(), parts, handle, from_host=False)
+                    else:
+                        _gather(gpu, target)
+                    continue
+                arrays = [r.inputs[key] for r in requests]
+                host = _pinned_parts(arrays)
+                if host is not None:
+                    DRIVER.gather_to_device(target.data_ptr(), host, handle, from_host=True)
+                else:
+                    self.staging.upload_into(key, self._stacked(key, arrays), target)
+            graph.graph.replay()
+            self.replays += 1
+            rows = sum(r.batch_size for r in requests) if batching else 0
+            staged = {
+                key: download(self.staging, key, value[:rows] if batching else value)
+                for key, value in graph.outputs.items()
+            }
+        return lambda: self._collect(staged, launched=True)
+
+    def _stacked(self, key: str, arrays: list[npt.NDArray[Any]]) -> npt.NDArray[Any]:
+        if len(arrays) == 1:
+            return arrays[0]
+        shape = (sum(a.shape[0] for a in arrays), *arrays[0].shape[1:])
+        target = self.staging.pinned_input(key, shape, arrays[0].dtype)
+        return np.concatenate(arrays, axis=0, out=target)
+
+    def _enqueue(
+        self,
+        forward: Forward,
+        inputs: Mapping[str, npt.NDArray[np.generic]],
+        device: Mapping[str, Sequence[DeviceArray]],
+    ) -> dict[str, object]:
+        """Queue one batch's copies in, forward (a graph replay when one fits) and copies out
+        on the current stream; returns the pinned tensors the outputs are being copied into."""
         batching = self.context.config.batching
         shapes = {key: array.shape for key, array in inputs.items()}
         for key, parts in device.items():
             rows = sum(p.shape[0] for p in parts) if batching else 0
             shapes[key] = (rows, *parts[0].shape[1:]) if batching else parts[0].shape
-        graph = self.graphs.find(shapes, batching) if self.graphs is not None else None
+        graph = self.graph_for(shapes)
         staging = self.staging
-        with self.stream.batch():
-            if graph is None:
-                tensors = {
-                    key: staging.upload(key, array, torch_dtype(array.dtype))
-                    for key, array in inputs.items()
-                }
-                for key, parts in device.items():
-                    tensors[key] = _gather(
-                        parts, staging.device_buffer(key, shapes[key], torch_dtype(parts[0].dtype))
-                    )
-                outputs = dict(forward(tensors))
-            else:
-                for key, array in inputs.items():
-                    staging.upload_into(key, array, graph.inputs[key])
-                for key, parts in device.items():
-                    _gather(parts, graph.inputs[key])
-                graph.graph.replay()
-                rows = next(iter(shapes.values()))[0] if batching else 0
-                outputs = {
-                    key: value[:rows] if batching else value for key, value in graph.outputs.items()
-                }
-                self.replays += 1
-            staged = {key: download(staging, key, value) for key, value in outputs.items()}
+        if graph is None:
+            tensors = {
+                key: staging.upload(key, array, torch_dtype(array.dtype))
+                for key, array in inputs.items()
+            }
+            for key, parts in device.items():
+                tensors[key] = _gather(
+                    parts, staging.device_buffer(key, shapes[key], torch_dtype(parts[0].dtype))
+                )
+            outputs = dict(forward(tensors))
+        else:
+            for key, array in inputs.items():
+                staging.upload_into(key, array, graph.inputs[key])
+            for key, parts in device.items():
+                _gather(parts, graph.inputs[key])
+            graph.graph.replay()
+            rows = next(iter(shapes.values()))[0] if batching else 0
+            outputs = {
+                key: value[:rows] if batching else value for key, value in graph.outputs.items()
+            }
+            self.replays += 1
+        return {key: download(staging, key, value) for key, value in outputs.items()}
+
+    def _collect(
+        self, staged: Mapping[str, object], *, launched: bool = False
+    ) -> dict[str, npt.NDArray[Any]]:
+        if launched:
+            self.stream.finished()
         if not self._workspace_measured:
             self._measure_workspace()
         # Copied out of the pinned buffers, which the next batch reuses.
@@ -198,6 +277,19 @@ class GpuPath:
             return fixed
 
         self.staging.reserve(sizes(config.inputs), sizes(config.outputs), device=device)
+
+
+def _pinned_parts(arrays: Sequence[npt.NDArray[Any]]) -> list[tuple[int, int]] | None:
+    """(address, bytes) of each array when every one is contiguous in pinned host memory."""
+    parts = []
+    for array in arrays:
+        if not array.flags.c_contiguous:
+            return None
+        address, size = array.__array_interface__["data"][0], array.nbytes
+        if not HOST_MEMORY.pinned(address, size):
+            return None
+        parts.append((address, size))
+    return parts
 
 
 def _gather(parts: Sequence[DeviceArray], target: torch.Tensor) -> torch.Tensor:

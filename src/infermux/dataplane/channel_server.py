@@ -36,6 +36,7 @@ from infermux.ipc.wire import (
     Call,
     Cancel,
     Infer,
+    Regroup,
     Release,
     Result,
     WireTensor,
@@ -46,10 +47,11 @@ from infermux.ipc.wire import (
     to_executor,
 )
 from infermux.model_config import ModelConfig
+from infermux.runtime.host_memory import HOST_MEMORY
 from infermux.types import InferRequest, RequestedOutput, Tensor
 
 from .link import Link
-from .plane import DataPlane
+from .plane import DataPlane, Ungroupable
 
 logger = logging.getLogger(__name__)
 
@@ -90,6 +92,10 @@ class ChannelServer:
 
         client = _Client(Link(Endpoint(spec, "executor"), on_frames))
         self._clients[spec.id] = client
+        # Requests' input rows lie in the front end's arena for as long as they run: a GPU
+        # instance may copy them to the device from there (pinned on first use), unstaged.
+        arena = client.link.endpoint.peer_arena
+        HOST_MEMORY.offer(arena.address, arena.size, f"front-end channel {spec.id}'s arena")
         logger.debug("serving front-end channel %s", spec.id)
 
     async def detach(self, channel_id: str) -> None:
@@ -100,6 +106,7 @@ class ChannelServer:
         client.link.mute()  # answers of what still runs are dropped
         if client.tasks:
             await asyncio.gather(*client.tasks, return_exceptions=True)
+        HOST_MEMORY.withdraw(client.link.endpoint.peer_arena.address)  # no copy from it is left
         client.link.close()
 
     async def close(self) -> None:
@@ -172,7 +179,14 @@ class ChannelServer:
                 message.parameters,
                 message.trace,
             )
-            response = await self._plane.infer(request)
+            if message.rows:  # a micro-batch (dataplane/grouping.py)
+                try:
+                    response = await self._plane.infer_many(request, message.rows)
+                except Ungroupable as exc:  # its requests come back one by one
+                    link.send(encode(Regroup(message.seq, str(exc))))
+                    return
+            else:
+                response = await self._plane.infer(request)
             outputs = [await self._place(client, tensor, placed) for tensor in response.outputs]
         except asyncio.CancelledError:  # answered by _start_infer once the task is done
             self._unplace(client, placed)

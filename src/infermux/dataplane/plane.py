@@ -17,6 +17,7 @@ from infermux.errors import (
     InfermuxError,
     InvalidArgumentError,
 )
+from infermux.ipc.arena import Block
 from infermux.model_config import ModelConfig
 from infermux.observability.tracing import TRACING
 from infermux.repository import LoadedModel, ModelRepository
@@ -45,6 +46,33 @@ from .shared_memory import SharedMemoryRegistry
 logger = logging.getLogger(__name__)
 
 SERVER_NAME = "infermux"
+
+
+class Ungroupable(Exception):
+    """A micro-batch (:meth:`DataPlane.infer_many`) whose requests must run one by one; the
+    message says why."""
+
+
+def _ungroupable(model: LoadedModel, policy: TrafficPolicy, rows: int) -> str:
+    """Why requests to ``model`` cannot share one queue entry ("" when they can): each must be
+    seen by the model as a request of its own, or be routed, queued, timed out and mirrored on
+    its own, or be its own execution."""
+    config = model.config
+    if not model.stacks_inputs:
+        return f"model '{config.name}' is given each request (its backend does not stack them)"
+    if policy.weights or policy.shadow is not None:
+        return f"model '{config.name}' has a traffic policy that routes each request"
+    batching = config.dynamic_batching
+    if not config.batching or batching is None:
+        return f"model '{config.name}' runs each request as its own execution"
+    if rows > config.max_batch_size:
+        return f"{rows} rows exceed model '{config.name}''s max_batch_size"
+    policies = [batching.default_queue_policy, *batching.priority_queue_policy.values()]
+    if batching.priority_levels or any(
+        p.max_queue_size or p.default_timeout_microseconds for p in policies
+    ):
+        return f"model '{config.name}' has queue priorities, bounds or timeouts per request"
+    return ""
 
 
 class DataPlane:
@@ -129,9 +157,30 @@ class DataPlane:
         ):
             return await self._infer(model, policy, request, started)
 
+    async def infer_many(self, request: InferRequest, rows: Sequence[int]) -> InferResponse:
+        """A micro-batch: ``len(rows)`` requests of ``rows[i]`` rows each, sent together with
+        their inputs stacked along the first dimension, run as one request (one entry in the
+        model's queue) and answered with the outputs stacked the same way. Statistics count
+        each request. Raises :class:`Ungroupable` before anything runs when the requests must
+        be run one by one to keep their semantics; any other error is every request's."""
+        started = time.perf_counter_ns()
+        if TRACING.tracer is not None:
+            raise Ungroupable("tracing is on: every request gets its own span")
+        model, policy = self.router.route(request)
+        why = _ungroupable(model, policy, sum(rows))
+        if why:
+            raise Ungroupable(why)
+        return await self._infer(model, policy, request, started, rows)
+
     async def _infer(
-        self, model: LoadedModel, policy: TrafficPolicy, request: InferRequest, started: int
+        self,
+        model: LoadedModel,
+        policy: TrafficPolicy,
+        request: InferRequest,
+        started: int,
+        members: Sequence[int] = (),
     ) -> InferResponse:
+        staged: list[Block] = []  # shared-memory inputs read into the staging arena
         try:
             device: dict[str, DeviceArray] = {}
             for tensor in request.inputs:
@@ -144,7 +193,7 @@ class DataPlane:
                     else:
                         tensor.data = data
                 else:
-                    tensor.data = self._shm.read(tensor)
+                    tensor.data = self._shm.read(tensor, staged)
             model_request = to_model_request(model.config, request, device, self._limits)
             if TRACING.tracer is not None:
                 TRACING.annotate_request(model_request.batch_size)
@@ -156,21 +205,30 @@ class DataPlane:
             if mirror is not None:
                 self._shadows.start(mirror, copy, done.outputs, time.perf_counter_ns() - submitted)
             outputs = self._place_outputs(request, done.outputs)
+            if staged:
+                outputs = self._shm.unstaged(outputs)
         except InfermuxError as exc:
-            self._failed(model, request, started, exc.reason, exc)
+            for _ in members or (0,):
+                self._failed(model, request, started, exc.reason, exc)
             raise
         except asyncio.CancelledError:  # the client went away (or the server is stopping)
-            self._failed(model, request, started, FailureReason.CANCELED, None)
+            for _ in members or (0,):
+                self._failed(model, request, started, FailureReason.CANCELED, None)
             raise
+        finally:
+            # The request's batch is over (a cancelled one waited for it in the scheduler).
+            if staged:
+                self._shm.release(staged)
         elapsed = time.perf_counter_ns() - started
-        model.stats.record_success(
-            batch_size=model_request.batch_size if model.config.batching else 1,
-            request_ns=elapsed,
-            queue_ns=done.queue_ns,
-            input_ns=done.compute_input_ns,
-            infer_ns=done.compute_infer_ns,
-            output_ns=done.compute_output_ns,
-        )
+        for rows in members or (model_request.batch_size if model.config.batching else 1,):
+            model.stats.record_success(
+                batch_size=rows,
+                request_ns=elapsed,
+                queue_ns=done.queue_ns,
+                input_ns=done.compute_input_ns,
+                infer_ns=done.compute_infer_ns,
+                output_ns=done.compute_output_ns,
+            )
         if self._log_requests:
             logger.debug(
                 "request %r to %s:%d done in %d us",

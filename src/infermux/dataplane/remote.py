@@ -23,14 +23,15 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
 from tritonclient.grpc import model_config_pb2 as config_pb
 
-from infermux.errors import UnavailableError
+from infermux.errors import InternalError, UnavailableError
 from infermux.ipc import Block, ChannelSpec, Endpoint
 from infermux.ipc.wire import (
     NO_DATA,
@@ -39,8 +40,10 @@ from infermux.ipc.wire import (
     Cancel,
     Failure,
     Infer,
+    Regroup,
     Release,
     Result,
+    WireTensor,
     encode,
     raise_failure,
     read_tensor,
@@ -59,6 +62,15 @@ from infermux.types import (
     SharedMemoryRegion,
 )
 
+from .grouping import (
+    GROUP_LIMIT,
+    UNGROUPED_SECONDS,
+    Member,
+    MicroBatch,
+    group_key,
+    stack_into,
+    stacked_bytes,
+)
 from .link import Link
 
 logger = logging.getLogger(__name__)
@@ -97,9 +109,20 @@ class RemoteExecutor:
     """Implements :class:`~.operations.Operations` by forwarding to one executor process
     (:class:`~.executors.RemoteDataPlane` spreads a front end's work over several)."""
 
-    def __init__(self, metadata: ServerMetadata, *, ready_timeout_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        metadata: ServerMetadata,
+        *,
+        ready_timeout_s: float = 1.0,
+        group_limit: int = GROUP_LIMIT,
+    ) -> None:
         self._metadata = metadata
         self._ready_timeout_s = ready_timeout_s
+        self._group_limit = group_limit  # requests per micro-batch; 0: every request alone
+        self._open: dict[Hashable, MicroBatch] = {}  # collecting in this loop iteration
+        self._sent: dict[int, MicroBatch] = {}  # by seq, until the executor answers
+        self._ungrouped: dict[str, float] = {}  # model -> until when it is not grouped
+        self._tasks: set[asyncio.Task[None]] = set()  # micro-batches being written
         self._probes: dict[tuple[str, ...], asyncio.Future[Any]] = {}  # readiness calls in flight
         self._link: Link | None = None
         self._pending: dict[int, _Pending] = {}
@@ -137,10 +160,14 @@ class RemoteExecutor:
         self._why_detached = why
         link, self._link = self._link, None
         pending, self._pending = self._pending, {}
+        sent, self._sent = self._sent, {}
         self._released.clear()
         for entry in pending.values():
             if not entry.future.done():
                 entry.future.set_exception(UnavailableError(why))
+        for batch in sent.values():
+            for member in batch.members:
+                member.fail(UnavailableError(why))
         if link is not None:
             link.close()
 
@@ -160,6 +187,10 @@ class RemoteExecutor:
             return
         for frame in frames:
             message = to_frontend(frame)
+            batch = self._sent.pop(message.seq, None)
+            if batch is not None:
+                self._batch_answered(link, batch, message)
+                continue
             entry = self._pending.pop(message.seq, None)
             if entry is None:
                 logger.warning("the executor answered unknown request %d", message.seq)
@@ -173,6 +204,8 @@ class RemoteExecutor:
                 continue
             if isinstance(message, Failure):
                 entry.future.set_exception(raise_failure(message))
+            elif isinstance(message, Regroup):  # only micro-batches are regrouped
+                entry.future.set_exception(InternalError(f"unexpected regroup: {message.why}"))
             else:
                 entry.future.set_result(message)
 
@@ -193,6 +226,13 @@ class RemoteExecutor:
 
     async def infer(self, request: InferRequest) -> InferResponse:
         link = self._require()
+        if self._group_limit > 1:
+            key = group_key(request)
+            if key is not None and not self._alone(request.model_name):
+                return await self._grouped(key, request)
+        return await self._infer_one(link, request)
+
+    async def _infer_one(self, link: Link, request: InferRequest) -> InferResponse:
         entry = _Pending(asyncio.get_running_loop().create_future())
         inputs = []
         try:
@@ -234,6 +274,142 @@ class RemoteExecutor:
         finally:
             self._free(link, [o.offset for o in answer.outputs])
         return InferResponse(answer.model, answer.version, outputs, answer.id, answer.parameters)
+
+    # -- micro-batches (dataplane/grouping.py) ----------------------------------------------------
+
+    def _alone(self, model: str) -> bool:
+        until = self._ungrouped.get(model)
+        if until is None:
+            return False
+        if time.monotonic() < until:
+            return True
+        del self._ungrouped[model]
+        return False
+
+    async def _grouped(self, key: Hashable, request: InferRequest) -> InferResponse:
+        loop = asyncio.get_running_loop()
+        batch = self._open.get(key)
+        if batch is None or len(batch.members) >= self._group_limit:
+            batch = self._open[key] = MicroBatch()
+            # Sent once this loop iteration's requests have joined it.
+            loop.call_soon(self._flush, key, batch)
+        member = Member(request, loop.create_future())
+        batch.members.append(member)
+        try:
+            return await member.future
+        except asyncio.CancelledError:
+            if member.task is not None:
+                member.task.cancel()
+            link = self._link
+            if batch.seq and not batch.cancel_sent and batch.abandoned() and link is not None:
+                batch.cancel_sent = True  # nobody waits: let it leave the model's queue
+                link.send(encode(Cancel(batch.seq)))
+            raise
+
+    def _flush(self, key: Hashable, batch: MicroBatch) -> None:
+        if self._open.get(key) is batch:
+            del self._open[key]
+        live = batch.live()
+        if len(live) == 1:
+            self._alone_after_all(live[0])
+        elif live:
+            batch.members = live
+            self._keep(asyncio.ensure_future(self._send_batch(batch)))
+
+    def _keep(self, task: asyncio.Task[None]) -> None:
+        """Hold a reference to ``task`` until it ends (the loop keeps only weak ones)."""
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _alone_after_all(self, member: Member) -> None:
+        """Send ``member`` on its own, its caller still awaiting its future."""
+
+        async def forward() -> None:
+            try:
+                response = await self._infer_one(self._require(), member.request)
+            except Exception as exc:
+                member.fail(exc)
+                return
+            if not member.future.done():
+                member.future.set_result(response)
+
+        member.task = asyncio.ensure_future(forward())
+        self._keep(member.task)
+
+    async def _send_batch(self, batch: MicroBatch) -> None:
+        members = batch.members
+        first = members[0].request
+        try:
+            link = self._require()
+            arena = link.endpoint.arena
+            rows = [m.rows for m in members]
+            inputs = []
+            for index, tensor in enumerate(first.inputs):
+                parts = [m.request.inputs[index] for m in members]
+                size = sum(stacked_bytes(t) for t in parts)
+                block = await link.allocate(size, f"input '{tensor.name}'")
+                batch.blocks.append(block)
+                view = arena.buffer(block.offset, block.size)
+                try:
+                    stack_into(view, parts)
+                finally:
+                    view.release()
+                shape = (sum(rows), *tensor.shape[1:])
+                inputs.append(
+                    WireTensor(
+                        tensor.name, tensor.datatype, shape, tensor.parameters, block.offset, size
+                    )
+                )
+            if link.closed:  # detached while waiting for arena space
+                raise UnavailableError(f"not ready: {self._why_detached}")
+        except BaseException as exc:
+            for block in batch.blocks:
+                self._link_release(block)
+            for member in members:
+                member.fail(exc if isinstance(exc, Exception) else UnavailableError(str(exc)))
+            if not isinstance(exc, Exception):
+                raise
+            return
+        batch.seq = seq = next(self._seq)
+        self._sent[seq] = batch
+        outputs = [(o.name, o.parameters) for o in first.outputs]
+        link.send(
+            encode(
+                Infer(
+                    seq, first.model_name, first.model_version, "", {}, inputs, outputs, rows=rows
+                )
+            )
+        )
+        if batch.abandoned() and not batch.cancel_sent:  # every caller left while it was written
+            batch.cancel_sent = True
+            link.send(encode(Cancel(seq)))
+
+    def _link_release(self, block: Block) -> None:
+        if self._link is not None:
+            self._link.release(block)
+
+    def _batch_answered(self, link: Link, batch: MicroBatch, message: Any) -> None:
+        for block in batch.blocks:  # the executor no longer reads the inputs
+            link.release(block)
+        batch.blocks.clear()
+        if isinstance(message, Regroup):
+            logger.info("not grouping requests for a while: %s", message.why)
+            model = batch.members[0].request.model_name
+            self._ungrouped[model] = time.monotonic() + UNGROUPED_SECONDS
+            for member in batch.live():
+                self._alone_after_all(member)
+        elif isinstance(message, Failure):
+            error = raise_failure(message)
+            for member in batch.members:
+                member.fail(error)
+        elif isinstance(message, Answer):
+            try:
+                outputs = [
+                    read_tensor(link.endpoint.peer_arena, o, copy=True) for o in message.outputs
+                ]
+            finally:
+                self._free(link, [o.offset for o in message.outputs])
+            batch.answer(message.model, message.version, outputs, message.parameters)
 
     def _abandon(self, link: Link, seq: int, entry: _Pending) -> None:
         """The client gave up on request ``seq``. Its entry stays pending: the executor's

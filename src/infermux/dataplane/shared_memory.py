@@ -8,13 +8,16 @@ the executor and every registration with it), and no check before the access can
 window. A read of a shrunk file just comes back short. So every access checks the object's
 size (``fstat``) first and answers INVALID_ARGUMENT naming the region when the bytes asked for
 are no longer there, and a read that still comes back short (truncated in between) is refused
-the same way. The copy costs one ``memcpy`` of the input (docs/decisions.md).
+the same way. The copy costs one ``memcpy`` of the input (docs/decisions.md); it goes into a
+block of a staging arena that a GPU instance copies to the device directly, so it is the only
+host copy an input makes.
 
 Every name, offset and size is checked against the region before any byte is touched.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from dataclasses import dataclass
@@ -29,6 +32,8 @@ from infermux.errors import (
     NotFoundError,
     UnsupportedError,
 )
+from infermux.ipc.arena import Arena, Block
+from infermux.runtime.host_memory import HOST_MEMORY
 from infermux.tensor_bytes import tensor_from_bytes, tensor_to_bytes
 from infermux.types import (
     SHM_BYTE_SIZE,
@@ -50,6 +55,10 @@ except ImportError:  # pragma: no cover - Windows
 # POSIX: one leading slash, then up to NAME_MAX characters without further slashes.
 _KEY = re.compile(r"^/?[^/\x00]{1,255}$")
 DEFAULT_MAX_REGIONS = 256
+STAGING_BYTES = 128 * 1024 * 1024
+"""The staging arena inputs are read into: reused in a ring, so a read faults in no fresh pages,
+and offered to the GPU path (``runtime.host_memory``), which copies the rows to the device from
+there. An input that does not fit at the moment is read into fresh memory instead."""
 
 DISABLED = (
     "system shared memory is disabled: start infermux serve with --allow-client-shm to use it"
@@ -65,10 +74,18 @@ class _Opened:
 class SharedMemoryRegistry:
     """The regions clients registered, by name."""
 
-    def __init__(self, *, enabled: bool, max_regions: int = DEFAULT_MAX_REGIONS) -> None:
+    def __init__(
+        self,
+        *,
+        enabled: bool,
+        max_regions: int = DEFAULT_MAX_REGIONS,
+        staging_bytes: int = STAGING_BYTES,
+    ) -> None:
         self.enabled = enabled
         self.max_regions = max_regions  # each holds a descriptor of the server's
         self._regions: dict[str, _Opened] = {}
+        self._staging_bytes = staging_bytes
+        self._staging: Arena | None = None  # made on the first read that can use it
 
     def _check_enabled(self) -> None:
         if not self.enabled:
@@ -135,16 +152,24 @@ class SharedMemoryRegistry:
         """Close every region (server shutdown)."""
         if self._regions:
             self.unregister()
+        staging, self._staging = self._staging, None
+        if staging is not None:
+            HOST_MEMORY.withdraw(staging.address)
+            with contextlib.suppress(BufferError):  # views still held go with their mapping
+                staging.close()
 
-    def read(self, tensor: Tensor) -> npt.NDArray[np.generic]:
-        """The data of an input that lives in shared memory, copied out of the region."""
+    def read(self, tensor: Tensor, held: list[Block] | None = None) -> npt.NDArray[np.generic]:
+        """The data of an input that lives in shared memory, copied out of the region.
+
+        With ``held``, the copy goes into a block of the registry's staging arena when one is
+        free, and the block is appended to ``held``: the caller gives it back with
+        :meth:`release` once nothing reads the input any more (outputs that view it included,
+        see :meth:`unstaged`)."""
         what = f"input '{tensor.name}'"
         opened, start, size = self._slice(what, tensor.parameters)
         if tensor.datatype != "BYTES":  # refused before copying what could not be decoded
             check_fixed_size(what, tensor, size)
-        # np.empty, not bytearray(size): zero-filling what preadv overwrites costs the executor's
-        # event loop ~2 us per 150 KB input (a ResNet-50 image), ~10 us per 600 KB.
-        raw = np.empty(size, dtype=np.uint8).data
+        raw = self._destination(size, held)
         done = 0
         while done < size:
             try:
@@ -155,6 +180,43 @@ class SharedMemoryRegistry:
                 raise _truncated(what, opened.info, start + done, start + size)
             done += got
         return tensor_from_bytes(tensor.name, tensor.datatype, tensor.shape, raw)
+
+    def _destination(self, size: int, held: list[Block] | None) -> memoryview:
+        if held is not None and self._staging_bytes:
+            staging = self._staging
+            if staging is None:
+                staging = self._staging = Arena.local(self._staging_bytes)
+                HOST_MEMORY.offer(staging.address, staging.size, "the shared-memory input staging")
+            block = staging.allocate(size)
+            if block is not None:
+                held.append(block)
+                return staging.buffer(block.offset, size)
+        # np.empty, not bytearray(size): zero-filling what preadv overwrites costs the executor's
+        # event loop ~2 us per 150 KB input (a ResNet-50 image), ~10 us per 600 KB.
+        return np.empty(size, dtype=np.uint8).data
+
+    def release(self, held: list[Block]) -> None:
+        """Give back the staging blocks :meth:`read` appended to ``held``."""
+        if self._staging is not None:
+            for block in held:
+                self._staging.release(block)
+        held.clear()
+
+    def unstaged(self, tensors: list[Tensor]) -> list[Tensor]:
+        """``tensors`` with any whose data views the staging arena copied out of it (a model
+        may answer with its input): they outlive the blocks, which go back before they are
+        sent."""
+        staging = self._staging
+        if staging is None:
+            return tensors
+        start, end = staging.address, staging.address + staging.size
+        for tensor in tensors:
+            data = tensor.data
+            if isinstance(data, np.ndarray) and data.size:
+                address = data.__array_interface__["data"][0]
+                if start <= address < end:
+                    tensor.data = data.copy()
+        return tensors
 
     def write(self, tensor: Tensor, parameters: Parameters) -> Tensor:
         """Serialise an output into the region its parameters name; returns the placed tensor."""

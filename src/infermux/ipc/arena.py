@@ -59,10 +59,20 @@ class Arena:
         """Map an arena another process created. ``allocator=True`` makes this mapping the one
         that allocates (the creator then must not): a supervisor creates arenas so that they
         outlive the processes using them, and hands each to the process that writes it."""
+        return cls._over(Segment.attach(name), allocator)
+
+    @classmethod
+    def local(cls, size: int) -> Arena:
+        """An arena in this process's own memory, with the same allocator: blocks for data
+        that stays in this process (e.g. shared-memory inputs read for the GPU)."""
+        return cls._over(Segment.anonymous(size - size % ALIGNMENT), True)
+
+    @classmethod
+    def _over(cls, segment: Segment, owner: bool) -> Arena:
         arena = cls.__new__(cls)
-        arena._segment = Segment.attach(name)
-        arena.size = arena._segment.size
-        arena._owner = allocator
+        arena._segment = segment
+        arena.size = segment.size
+        arena._owner = owner
         arena._lock = threading.Lock()
         arena._live = collections.deque()
         arena._head = arena._used = 0
@@ -71,6 +81,12 @@ class Arena:
     @property
     def name(self) -> str:
         return self._segment.name
+
+    @property
+    def address(self) -> int:
+        """Where the arena starts in this process's address space (for registering it with a
+        device driver)."""
+        return self._segment.address
 
     @property
     def used(self) -> int:

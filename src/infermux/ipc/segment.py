@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import _posixshmem  # type: ignore[import-not-found]  # CPython's shm_open, as shared_memory uses
+import ctypes
 import mmap
 import os
 from multiprocessing import shared_memory
@@ -40,6 +41,23 @@ class Segment:
         segment.name = name
         segment._buf = memoryview(segment._map)
         return segment
+
+    @classmethod
+    def anonymous(cls, size: int) -> Segment:
+        """``size`` bytes of this process's own memory (no name, nothing to unlink): for an
+        :class:`~infermux.ipc.arena.Arena` that never crosses a process boundary."""
+        segment = cls.__new__(cls)
+        segment._map = mmap.mmap(-1, size)
+        segment._shm = None
+        segment.name = ""
+        segment.size = size
+        segment._buf = memoryview(segment._map)
+        return segment
+
+    @property
+    def address(self) -> int:
+        """Where the mapping starts in this process."""
+        return ctypes.addressof(ctypes.c_char.from_buffer(self.buf))
 
     @property
     def owner(self) -> bool:

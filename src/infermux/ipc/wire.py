@@ -63,6 +63,11 @@ class Infer(msgspec.Struct, array_like=True, tag=1):
     deadline_ns: int = 0
     """When the client stops waiting (``time.monotonic_ns()``; 0: never): the executor does not
     start the request after it and gives it up at it."""
+    rows: list[int] = []
+    """Non-empty for a *micro-batch*: ``len(rows)`` requests of ``rows[i]`` rows each, stacked
+    along the first dimension of every input in one block, answered by one :class:`Answer`
+    whose outputs are stacked the same way (or one :class:`Failure` for all), or by
+    :class:`Regroup` when the executor will not run them together."""
 
 
 class Call(msgspec.Struct, array_like=True, tag=2):
@@ -118,8 +123,17 @@ class Cancel(msgspec.Struct, array_like=True, tag=7):
     seq: int
 
 
+class Regroup(msgspec.Struct, array_like=True, tag=8):
+    """Executor -> front end: the micro-batch :class:`Infer` ``seq`` was not run (its model's
+    traffic policy, queue policy, tracing or batch size needs each request on its own): send
+    its requests one by one, and ``why`` says for how long not to group for that model."""
+
+    seq: int
+    why: str
+
+
 ToExecutor = Infer | Call | Release | Cancel
-ToFrontend = Answer | Result | Failure
+ToFrontend = Answer | Result | Failure | Regroup
 
 CALLS = frozenset(
     {

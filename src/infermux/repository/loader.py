@@ -38,6 +38,9 @@ class LoadedModel:
     """Its backend reads inputs in GPU memory in place (CUDA shared memory)."""
     instances: Sequence[BackendInstance] = ()
     """In the order of ``stats.instances`` (what each holds in memory feeds the metrics)."""
+    stacks_inputs: bool = False
+    """Its backend runs one kernel over the stacked batch (so requests sent stacked together
+    are, to it, the same as requests it stacked itself)."""
 
     @property
     def name(self) -> str:
@@ -86,7 +89,9 @@ async def build_version(
         replaced=instances.__setitem__,  # the memory reading above sees replacements
     )
     device_inputs = bool(getattr(backend, "accepts_device_inputs", False))
-    return LoadedModel(config, version, scheduler, stats, device_inputs, instances)
+    return LoadedModel(
+        config, version, scheduler, stats, device_inputs, instances, backend.stacks_inputs
+    )
 
 
 def check_config_paths(config: ModelConfig, path: Path, versions: Sequence[int]) -> None:

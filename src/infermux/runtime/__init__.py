@@ -6,7 +6,9 @@ runtime decides *where* and *how* its tensors move. torch is imported lazily by 
 that needs it, so importing this package never requires torch.
 """
 
+from infermux.runtime.completions import COMPLETIONS, CompletionError, Completions
 from infermux.runtime.graphs import (
+    CapturedGraph,
     CudaGraphs,
     GraphBucket,
     GraphCaptureError,
@@ -24,8 +26,12 @@ from infermux.runtime.streams import (
 )
 
 __all__ = [
+    "COMPLETIONS",
     "PRIORITY_PARAMETER",
     "WEIGHTS",
+    "CapturedGraph",
+    "CompletionError",
+    "Completions",
     "CudaGraphs",
     "GraphBucket",
     "GraphCaptureError",

@@ -1,18 +1,21 @@
 """One CUDA stream per model instance, with a priority from the model's config.
 
 Each instance enqueues its batch (copies in, forward, copies out) on its own stream, so instances
-of one model on one GPU overlap instead of serialising on the default stream; the instance's
-thread then waits on an event, which releases the GIL while the GPU works.
+of one model on one GPU overlap instead of serialising on the default stream. A batch launched
+from the event loop (:meth:`InstanceStream.launching`) is not waited for: the process's
+completion thread reports it (:mod:`~infermux.runtime.completions`); a batch run on an instance
+thread (:meth:`InstanceStream.batch`) waits on an event, with the GIL released.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Literal
 
 from infermux.errors import ModelLoadError
+from infermux.runtime.completions import COMPLETIONS
 
 if TYPE_CHECKING:
     import torch
@@ -86,15 +89,41 @@ class InstanceStream:
         The wait also runs when the body raises: staging buffers are reused by the next batch, so
         nothing may still be copying from them when this returns.
         """
+        with self.launching() as stream:
+            yield stream
+        self._done.synchronize()
+        self.finished()
+
+    @contextlib.contextmanager
+    def launching(self, done: Callable[[], None] | None = None) -> Iterator[torch.cuda.Stream]:
+        """Make this device and stream current around what one batch enqueues, without waiting
+        for it: on exit :attr:`done` is recorded behind the batch and, when ``done`` is given,
+        the process's completion thread calls it once the GPU reached that point
+        (:data:`~infermux.runtime.completions.COMPLETIONS`); then call :meth:`finished`. When
+        the body (or the watch) raises, this waits for what was enqueued before the error
+        propagates: the staging buffers are the next batch's."""
         import torch
 
         with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
             self._start.record(self.stream)
             try:
                 yield self.stream
-            finally:
+                self._done.record(self.stream)
+                if done is not None:
+                    COMPLETIONS.watch(self.stream.cuda_stream, self._done, done)
+            except BaseException:
                 self._done.record(self.stream)
                 self._done.synchronize()
+                self.finished()
+                raise
+
+    @property
+    def done(self) -> torch.cuda.Event:
+        """The event recorded behind the last batch :meth:`launching` enqueued."""
+        return self._done
+
+    def finished(self) -> None:
+        """Account the last batch's GPU time (its :attr:`done` event has completed)."""
         self.busy_seconds += self._start.elapsed_time(self._done) / 1000.0
 
     def allocated_bytes(self) -> int:

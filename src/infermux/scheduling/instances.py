@@ -1,5 +1,12 @@
-"""One model instance as the batcher drives it: its dedicated thread, its execution timeout, and
+"""One model instance as the batcher drives it: where its batches run, its execution timeout, and
 its replacement when an execution overruns.
+
+A batch runs in one of two ways. An instance that launches batches without blocking (a GPU
+instance replaying a CUDA graph: :class:`~infermux.backends.base.LaunchesOnLoop`) is driven from
+the event loop: the launch is a few non-blocking calls, the GPU's completion comes back to the
+loop as an event, and no thread of its own is involved. Every other batch runs ``execute`` on the
+instance's dedicated thread (backends need not be thread-safe, and a blocking ``execute`` must
+never stall the event loop), made on first use.
 
 A Python thread cannot be stopped from outside, so an instance stuck in ``execute`` is *abandoned*:
 its batch fails at once, its thread is left to finish (or not) on its own, with ``close`` queued
@@ -23,7 +30,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future
 from typing import Any, TypeVar
 
-from infermux.backends.base import BackendInstance, ExecuteResult, ModelRequest
+from infermux.backends.base import BackendInstance, Collect, ExecuteResult, ModelRequest
 from infermux.errors import UnavailableError
 
 logger = logging.getLogger(__name__)
@@ -117,14 +124,25 @@ class InstanceSlot:
         self.instance = instance
         self._reload = reload
         self._timeout_s = timeout_s
-        self._thread = InstanceThread(thread_name)
+        # Made on first use: an instance whose every batch launches from the loop never needs one.
+        self._thread: InstanceThread | None = None
+
+    def _worker(self) -> InstanceThread:
+        if self._thread is None:
+            self._thread = InstanceThread(self._thread_name)
+        return self._thread
 
     async def execute(
         self, requests: list[ModelRequest]
     ) -> tuple[Sequence[ExecuteResult], int, int]:
         """Results, and when execution started and ended (``perf_counter_ns``)."""
+        launch = getattr(self.instance, "launch", None)
+        if launch is not None:
+            launched = await self._launched(launch, requests)
+            if launched is not None:
+                return launched
         loop = asyncio.get_running_loop()
-        running = loop.run_in_executor(self._thread, _timed_execute, self.instance, requests)
+        running = loop.run_in_executor(self._worker(), _timed_execute, self.instance, requests)
         if self._timeout_s is None:
             return await running
         try:
@@ -132,10 +150,39 @@ class InstanceSlot:
             return await asyncio.wait_for(asyncio.shield(running), self._timeout_s)
         except (TimeoutError, asyncio.TimeoutError):  # distinct classes on Python 3.10
             running.add_done_callback(_ignore_result)
-            raise ExecutionTimeout(
-                f"{self.label} did not finish within its "
-                f"execution timeout ({self._timeout_s * 1000:g} ms); the instance is replaced"
-            ) from None
+            raise self._timed_out() from None
+
+    async def _launched(
+        self, launch: Callable[..., Collect | None], requests: list[ModelRequest]
+    ) -> tuple[Sequence[ExecuteResult], int, int] | None:
+        """The batch started on the loop (:class:`~infermux.backends.base.LaunchesOnLoop`) and
+        awaited there; None when the instance runs this batch on its thread instead."""
+        loop = asyncio.get_running_loop()
+        finished: asyncio.Future[None] = loop.create_future()
+
+        def done() -> None:  # on the completion thread
+            with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits any more
+                loop.call_soon_threadsafe(_resolve, finished)
+
+        start = time.perf_counter_ns()
+        collect = launch(requests, done)
+        if collect is None:
+            return None
+        if self._timeout_s is None:
+            await finished
+        else:
+            try:
+                # shield: a timeout must leave the future for done() to resolve.
+                await asyncio.wait_for(asyncio.shield(finished), self._timeout_s)
+            except (TimeoutError, asyncio.TimeoutError):  # distinct classes on Python 3.10
+                raise self._timed_out() from None
+        return collect(), start, time.perf_counter_ns()
+
+    def _timed_out(self) -> ExecutionTimeout:
+        return ExecutionTimeout(
+            f"{self.label} did not finish within its "
+            f"execution timeout ({(self._timeout_s or 0) * 1000:g} ms); the instance is replaced"
+        )
 
     async def replace(self, closing: Callable[[], bool]) -> None:
         """After a timeout: abort the instance, or abandon it and load a fresh one (retried with
@@ -153,12 +200,14 @@ class InstanceSlot:
             "%s: execution timed out; loading a replacement (the stuck call is abandoned)",
             self.label,
         )
-        stuck, self._thread = self._thread, InstanceThread(self._thread_name)
+        # The stuck call runs on the thread, or on the GPU (a launched batch): either way the
+        # close waits behind it there (a GPU instance's close synchronises its stream first).
+        stuck, self._thread = self._worker(), None
         stuck.submit(_close_quietly, self.instance, self.label)  # if the stuck call ever returns
         stuck.shutdown(wait=False)
         for attempt in itertools.count():
             try:
-                self.instance = await loop.run_in_executor(self._thread, self._reload)
+                self.instance = await loop.run_in_executor(self._worker(), self._reload)
                 logger.info("%s replaced", self.label)
                 return
             except Exception as exc:
@@ -170,13 +219,20 @@ class InstanceSlot:
 
     async def close(self) -> None:
         loop = asyncio.get_running_loop()
+        thread = self._worker()  # a daemon, also for an instance that never needed one
         try:
-            await loop.run_in_executor(self._thread, self.instance.close)
+            await loop.run_in_executor(thread, self.instance.close)
         except Exception:
             logger.exception("%s: closing it failed", self.label)
         # Joined (off the loop; it is idle now) so that the thread has dropped its last
         # reference to the instance when the caller collects what the model left behind.
-        await loop.run_in_executor(None, functools.partial(self._thread.shutdown, wait=True))
+        await loop.run_in_executor(None, functools.partial(thread.shutdown, wait=True))
+        self._thread = None
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def _ignore_result(future: asyncio.Future[Any]) -> None:

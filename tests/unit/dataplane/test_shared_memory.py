@@ -16,6 +16,7 @@ from infermux.errors import (
     NotFoundError,
     UnsupportedError,
 )
+from infermux.ipc.arena import Block
 from infermux.types import SHM_BYTE_SIZE, SHM_OFFSET, SHM_REGION, Tensor
 
 
@@ -183,4 +184,72 @@ def test_a_read_cut_short_by_a_truncation_is_refused(
     tensor = shm_tensor("x", "INT32", (4,), **{SHM_REGION: "r", SHM_BYTE_SIZE: 16, SHM_OFFSET: 4})
     with pytest.raises(InvalidArgumentError, match="'r' was truncated to 8 bytes; it needs 20"):
         registry.read(tensor)
+    registry.close()
+
+
+def ints(segment: shared_memory.SharedMemory) -> np.ndarray:
+    buf = segment.buf
+    assert buf is not None
+    return np.frombuffer(buf, np.int32)
+
+
+def test_reads_go_into_reused_staging_blocks_which_go_back_after_the_request(
+    segment: shared_memory.SharedMemory,
+) -> None:
+    registry = SharedMemoryRegistry(enabled=True, staging_bytes=4096)
+    registry.register("r", segment.name, 0, 256)
+    ints(segment)[:8] = np.arange(8, dtype=np.int32)
+    tensor = shm_tensor("x", "INT32", (8,), **{SHM_REGION: "r", SHM_BYTE_SIZE: 32})
+    held: list[Block] = []
+    first = registry.read(tensor, held)
+    assert first.tolist() == list(range(8))
+    assert len(held) == 1
+    address = first.__array_interface__["data"][0]
+    registry.release(held)
+    assert held == []
+    again = registry.read(tensor, held)
+    # The ring starts over once empty: the same pages, no fresh memory per request.
+    assert again.__array_interface__["data"][0] == address
+    registry.release(held)
+    # Without a list to hold the block, or with no staging, the read is into fresh memory.
+    assert registry.read(tensor).tolist() == list(range(8))
+    unstaged = SharedMemoryRegistry(enabled=True, staging_bytes=0)
+    unstaged.register("r", segment.name, 0, 256)
+    assert unstaged.read(tensor, held).tolist() == list(range(8))
+    assert held == []
+    registry.close()
+    unstaged.close()
+
+
+def test_an_input_too_large_for_the_free_staging_is_read_into_fresh_memory(
+    segment: shared_memory.SharedMemory,
+) -> None:
+    registry = SharedMemoryRegistry(enabled=True, staging_bytes=128)
+    registry.register("r", segment.name, 0, 256)
+    tensor = shm_tensor("x", "INT32", (64,), **{SHM_REGION: "r", SHM_BYTE_SIZE: 256})
+    held: list[Block] = []
+    assert registry.read(tensor, held).shape == (64,)
+    assert held == []
+    registry.close()
+
+
+def test_outputs_that_view_a_staging_block_are_copied_out_before_it_goes_back(
+    segment: shared_memory.SharedMemory,
+) -> None:
+    registry = SharedMemoryRegistry(enabled=True, staging_bytes=4096)
+    registry.register("r", segment.name, 0, 256)
+    ints(segment)[:8] = 7
+    tensor = shm_tensor("x", "INT32", (8,), **{SHM_REGION: "r", SHM_BYTE_SIZE: 32})
+    held: list[Block] = []
+    data = registry.read(tensor, held)
+    other = np.zeros(8, np.int32)
+    echoed = Tensor("y", "INT32", (8,), data)  # an identity model answers with its input
+    kept = Tensor("z", "INT32", (8,), other)
+    out = registry.unstaged([echoed, kept])
+    assert out[1].data is other  # not in the staging arena: untouched
+    assert not np.shares_memory(out[0].data, data)
+    registry.release(held)
+    ints(segment)[:8] = 1
+    registry.read(tensor, held)  # a later request overwrites the block
+    assert out[0].data.tolist() == [7] * 8
     registry.close()

@@ -170,3 +170,22 @@ def test_another_process_reads_the_bytes_in_place(arena: Arena) -> None:
     assert out.get(timeout=30) == b"hello"
     process.join(30)
     assert process.exitcode == 0
+
+
+def test_a_local_arena_allocates_in_this_process_memory_and_knows_its_address() -> None:
+    import numpy as np
+
+    local = Arena.local(SIZE + 5)  # rounded down to the alignment
+    try:
+        assert local.size == SIZE
+        assert local.name == ""
+        block = local.allocate(100)
+        assert block is not None
+        fill(local, block, 9)
+        view = np.frombuffer(local.buffer(block.offset, block.size), np.uint8)
+        assert view.__array_interface__["data"][0] == local.address + block.offset
+        assert holds(local, block, 9)
+        del view
+        local.release(block)
+    finally:
+        local.close()

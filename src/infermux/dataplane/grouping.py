@@ -1,0 +1,159 @@
+"""Micro-batches: a front end's requests to one model, sent to the executor as one frame.
+
+The executor's event loop is the one place every request of a GPU passes, and its cost per
+request (decoding a frame, a task, validation, a queue entry, an answer frame) is what limited a
+GPU to ~0.3x its ceiling (``docs/benchmarks.md``). A front end sees many requests to the same
+model in one loop iteration under load; it stacks those that are alike into one block of its
+arena and sends them as one :class:`~infermux.ipc.wire.Infer` with ``rows``, so the executor's
+work is per micro-batch, and the front ends, of which there are several, do the per-request part.
+
+Requests are grouped only when nothing about them needs the executor to treat them apart: the
+same model, version, input names, datatypes and shapes past the first dimension, the same
+outputs asked for, no request parameters (priorities, timeouts, sequence ids), no deadline, no
+trace context, no shared-memory tensors. The executor refuses a micro-batch (a
+:class:`~infermux.ipc.wire.Regroup`) whose model routes, queues or executes each request on its
+own; the front end then sends its requests one by one and does not group for that model for a
+while. Everything else about the group (an error, the model being unloaded) is every member's,
+as it would be for requests that share a batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from infermux.errors import InternalError
+from infermux.ipc import Block
+from infermux.types import (
+    InferRequest,
+    InferResponse,
+    Parameters,
+    Tensor,
+    numpy_dtype,
+    uses_shared_memory,
+)
+
+GROUP_LIMIT = 64
+"""Requests per micro-batch (the executor's model batches further, up to its max_batch_size)."""
+
+UNGROUPED_SECONDS = 10.0
+"""How long a front end sends one by one to a model whose micro-batch was refused."""
+
+
+def group_key(request: InferRequest) -> Hashable | None:
+    """What requests must share to travel in one micro-batch (None: this one travels alone)."""
+    if request.parameters or request.trace_context or request.deadline_ns:
+        return None
+    inputs = []
+    for tensor in request.inputs:
+        if (
+            tensor.datatype == "BYTES"
+            or not tensor.shape
+            or tensor.shape[0] < 1
+            or uses_shared_memory(tensor.parameters)
+        ):
+            return None
+        inputs.append((tensor.name, tensor.datatype, tensor.shape[1:], _frozen(tensor.parameters)))
+    outputs = []
+    for output in request.outputs:
+        if uses_shared_memory(output.parameters):
+            return None
+        outputs.append((output.name, _frozen(output.parameters)))
+    if not inputs:
+        return None
+    rows = request.inputs[0].shape[0]
+    if any(t.shape[0] != rows for t in request.inputs):
+        return None  # refused on its own, with its own message
+    return (request.model_name, request.model_version, tuple(inputs), tuple(outputs))
+
+
+def _frozen(parameters: Parameters) -> tuple[tuple[str, object], ...]:
+    return tuple(sorted(parameters.items())) if parameters else ()
+
+
+@dataclass(slots=True)
+class Member:
+    """One request of a micro-batch, and what its caller awaits."""
+
+    request: InferRequest
+    future: asyncio.Future[InferResponse]
+    task: asyncio.Task[None] | None = None  # when it was sent on its own after all
+
+    @property
+    def rows(self) -> int:
+        return self.request.inputs[0].shape[0]
+
+    def fail(self, error: BaseException) -> None:
+        if not self.future.done():
+            self.future.set_exception(error)
+
+
+@dataclass(slots=True)
+class MicroBatch:
+    """Requests collected in one loop iteration; :attr:`seq` is set once it is sent."""
+
+    members: list[Member] = field(default_factory=list)
+    seq: int = 0
+    blocks: list[Block] = field(default_factory=list)
+    cancel_sent: bool = False
+
+    def live(self) -> list[Member]:
+        """The members whose callers still wait."""
+        return [m for m in self.members if not m.future.done()]
+
+    def abandoned(self) -> bool:
+        """Every caller gave up (or was answered)."""
+        return all(m.future.done() for m in self.members)
+
+    def answer(
+        self, model: str, version: str, outputs: list[Tensor], parameters: Parameters
+    ) -> None:
+        """Give each member its rows of the stacked ``outputs``."""
+        total = sum(m.rows for m in self.members)
+        for tensor in outputs:
+            if not tensor.shape or tensor.shape[0] != total:
+                error = InternalError(
+                    f"model '{model}' answered output '{tensor.name}' with shape "
+                    f"{list(tensor.shape)} for a micro-batch of {total} rows"
+                )
+                for member in self.members:
+                    member.fail(error)
+                return
+        start = 0
+        for member in self.members:
+            rows = member.rows
+            mine = [
+                Tensor(
+                    t.name,
+                    t.datatype,
+                    (rows, *t.shape[1:]),
+                    t.data[start : start + rows],
+                    dict(t.parameters),
+                )
+                for t in outputs
+            ]
+            start += rows
+            if not member.future.done():
+                member.future.set_result(
+                    InferResponse(model, version, mine, member.request.id, dict(parameters))
+                )
+
+
+def stacked_bytes(tensor: Tensor) -> int:
+    """Bytes ``tensor`` takes in a micro-batch's stacked input (its V2 encoding)."""
+    return int(tensor.data.size) * numpy_dtype(tensor.datatype).itemsize
+
+
+def stack_into(view: memoryview, tensors: list[Tensor]) -> None:
+    """Write the tensors' bytes one after the other into ``view``, each encoded as
+    :func:`~infermux.ipc.wire.write_tensor` would (little-endian, the datatype's dtype)."""
+    offset = 0
+    for tensor in tensors:
+        dtype = numpy_dtype(tensor.datatype).newbyteorder("<")
+        size = int(tensor.data.size) * dtype.itemsize
+        target = np.frombuffer(view[offset : offset + size], dtype=dtype)
+        np.copyto(target.reshape(tensor.data.shape), tensor.data)
+        offset += size

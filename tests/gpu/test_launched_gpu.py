@@ -1,0 +1,208 @@
+"""GPU batches launched from the event loop: graph replays started without a thread, their end
+reported by the process's completion thread."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from infermux.backends import ModelRequest
+from infermux.backends.base import ExecuteResult
+from infermux.backends.pytorch import PyTorchInstance
+from infermux.backends.stacking import compatible
+from infermux.errors import UnavailableError
+from infermux.ipc.arena import Arena
+from infermux.model_config import DynamicBatchingConfig
+from infermux.runtime import COMPLETIONS
+from infermux.runtime.host_memory import HOST_MEMORY
+from infermux.scheduling import DynamicBatcher
+from infermux.statistics import ModelStatistics
+from infermux.types import DeviceArray, Tensor
+from tests.gpu.torch_models import WIDTH, Wide, close, load, rows, run, write
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+]
+
+GRAPHS = "optimization { cuda { graphs: true } }\n"
+
+
+def finish(request: ModelRequest, result: ExecuteResult) -> list[Tensor]:
+    assert isinstance(result, dict)
+    y = np.asarray(result["OUTPUT__0"])
+    return [Tensor("OUTPUT__0", "FP32", y.shape, y)]
+
+
+def instance_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if "-instance" in t.name]
+
+
+async def test_launched_replays_answer_as_eager_with_no_instance_thread(tmp_path: Path) -> None:
+    graphed = load(write(tmp_path / "graphs", Wide(), GRAPHS), "cuda:0", 4)
+    (eager,) = load(write(tmp_path / "eager", Wide()), "cuda:0", 1)
+    batcher = DynamicBatcher(
+        "m",
+        graphed,
+        finish=finish,
+        batching=DynamicBatchingConfig(),
+        max_batch_size=8,
+    )
+    wakeups = COMPLETIONS.wakeups
+    try:
+        inputs = [rows(1, seed) for seed in range(200)]
+        done = await asyncio.gather(
+            *(batcher.submit(ModelRequest({"INPUT__0": x}, ("OUTPUT__0",))) for x in inputs)
+        )
+        for x, completion in zip(inputs, done, strict=True):
+            np.testing.assert_allclose(
+                np.asarray(completion.outputs[0].data, dtype=np.float32),
+                run(eager, x),
+                rtol=1e-4,
+                atol=1e-5,
+            )
+        replays = sum(i.gpu.replays for i in graphed if i.gpu is not None)
+        assert replays >= 200 // 8  # every batch replayed a graph
+        assert COMPLETIONS.wakeups > wakeups
+        assert COMPLETIONS.watching == 0
+        assert instance_threads() == []  # launched from the loop: no thread per instance
+    finally:
+        await batcher.close()
+        close([eager])
+
+
+async def test_no_device_allocations_in_launched_batches(tmp_path: Path) -> None:
+    instances = load(write(tmp_path, Wide(), GRAPHS), "cuda:0", 2)
+    batcher = DynamicBatcher(
+        "m", instances, finish=finish, batching=DynamicBatchingConfig(), max_batch_size=8
+    )
+
+    async def burst(seed: int) -> None:
+        await asyncio.gather(
+            *(
+                batcher.submit(ModelRequest({"INPUT__0": rows(1, seed + i)}, ("OUTPUT__0",)))
+                for i in range(64)
+            )
+        )
+
+    try:
+        await burst(0)  # warm-up
+        before = torch.cuda.memory_stats(0)["allocation.all.allocated"]
+        for seed in range(1, 4):
+            await burst(seed * 100)
+        assert torch.cuda.memory_stats(0)["allocation.all.allocated"] == before
+    finally:
+        await batcher.close()
+
+
+class Slow(torch.nn.Module):
+    """Hundreds of milliseconds of matrix products per batch: an execution timeout's victim."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.up = torch.nn.Linear(WIDTH, 4096)
+        self.square = torch.nn.Linear(4096, 4096)
+        self.down = torch.nn.Linear(4096, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.up(x)).repeat(256, 1)  # 256 x rows of 4096: ~20 ms per row
+        for _ in range(100):
+            h = torch.tanh(self.square(h))
+        out: torch.Tensor = self.down(h[: x.shape[0]])
+        return out
+
+
+async def test_a_launched_batch_past_its_timeout_fails_and_the_instance_is_replaced(
+    tmp_path: Path,
+) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model_dir = write(
+            tmp_path,
+            Slow(),
+            "optimization { cuda { graphs: true graph_spec [ { batch_size: 1 } ] } }\n",
+        )
+    (first,) = load(model_dir, "cuda:0", 1)
+    made: list[PyTorchInstance] = []
+
+    def reload() -> PyTorchInstance:
+        (fresh,) = load(model_dir, "cuda:0", 1)
+        made.append(fresh)
+        return fresh
+
+    stats = ModelStatistics("m", 1, instances=["m_0"])
+    batcher = DynamicBatcher(
+        "m",
+        [first],
+        finish=finish,
+        stats=stats,
+        max_batch_size=8,
+        execution_timeout_s=0.005,
+        reloads=[reload],
+    )
+    try:
+        with pytest.raises(UnavailableError, match="did not finish within its execution timeout"):
+            await batcher.submit(ModelRequest({"INPUT__0": rows(1, 0)}, ("OUTPUT__0",)))
+        assert stats.timeouts == [1]
+        for _ in range(100):  # the replacement loads on its own thread
+            if made:
+                break
+            await asyncio.sleep(0.1)
+        assert made
+        assert first.gpu is None  # the stuck instance was closed once its batch ended
+    finally:
+        await batcher.close()
+        close(made)
+
+
+async def test_pinned_host_and_device_inputs_are_copied_where_they_lie(tmp_path: Path) -> None:
+    graphed = load(write(tmp_path / "graphs", Wide(), GRAPHS), "cuda:0", 2)
+    (eager,) = load(write(tmp_path / "eager", Wide()), "cuda:0", 1)
+    arena = Arena.local(1 << 20)
+    HOST_MEMORY.offer(arena.address, arena.size, "the test's arena")
+    batcher = DynamicBatcher(
+        "m",
+        graphed,
+        finish=finish,
+        batching=DynamicBatchingConfig(),
+        max_batch_size=8,
+        compatible=compatible,  # host and device inputs are never stacked together
+    )
+    try:
+        inputs = [rows(1, seed) for seed in range(48)]
+        requests = []
+        for i, x in enumerate(inputs):
+            if i % 2:  # a client's CUDA shared memory: device to device
+                gpu = torch.from_numpy(x).cuda()
+                part = DeviceArray(gpu.data_ptr(), x.shape, np.dtype(np.float32), 0, gpu)
+                requests.append(ModelRequest({}, ("OUTPUT__0",), device_inputs={"INPUT__0": part}))
+                continue
+            block = arena.allocate(x.nbytes)  # a front end's arena: pinned host to device
+            assert block is not None
+            view = np.frombuffer(arena.buffer(block.offset, block.size), np.float32)
+            view[:] = x.reshape(-1)
+            requests.append(ModelRequest({"INPUT__0": view.reshape(x.shape)}, ("OUTPUT__0",)))
+        torch.cuda.synchronize()
+        done = await asyncio.gather(*(batcher.submit(r) for r in requests))
+        for x, completion in zip(inputs, done, strict=True):
+            np.testing.assert_allclose(
+                np.asarray(completion.outputs[0].data, dtype=np.float32),
+                run(eager, x),
+                rtol=1e-4,
+                atol=1e-5,
+            )
+        assert HOST_MEMORY.pinned_bytes >= arena.size  # registered for the direct copies
+    finally:
+        await batcher.close()
+        close([eager])
+        HOST_MEMORY.withdraw(arena.address)
+        with contextlib.suppress(BufferError):  # views of it may still be alive
+            arena.close()

@@ -1,0 +1,192 @@
+"""Micro-batches: a front end sends alike requests to one model as one frame; the executor runs
+them as one request and each caller gets its own rows, errors and statistics, as if sent alone.
+
+Both ends of a real channel run on this test's event loop (as in test_channel_server.py), over
+a TorchScript model on the CPU (a backend that stacks its batches) and a Python model (which is
+given each request, so its micro-batches are refused and sent one by one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import warnings
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from infermux.backends import BackendRegistry
+from infermux.dataplane import DataPlane
+from infermux.dataplane.channel_server import ChannelServer
+from infermux.dataplane.executors import RemoteDataPlane
+from infermux.dataplane.grouping import group_key
+from infermux.dataplane.remote import RemoteExecutor
+from infermux.errors import ErrorCode, InfermuxError
+from infermux.ipc import Channel
+from infermux.repository import ControlMode, ModelRepository
+from infermux.types import (
+    SHM_BYTE_SIZE,
+    SHM_REGION,
+    InferRequest,
+    RequestedOutput,
+    ServerMetadata,
+    Tensor,
+)
+from tests.support import write_model
+
+METADATA = ServerMetadata("infermux", "test", ())
+
+
+def write_plus_one(repo: Path) -> None:
+    class PlusOne(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + 1.0
+
+    model_dir = repo / "plus_one"
+    (model_dir / "1").mkdir(parents=True)
+    (model_dir / "config.pbtxt").write_text(
+        'name: "plus_one"\nplatform: "pytorch_libtorch"\nmax_batch_size: 64\n'
+        'input [ { name: "INPUT__0", data_type: TYPE_FP32, dims: [ 4 ] } ]\n'
+        'output [ { name: "OUTPUT__0", data_type: TYPE_FP32, dims: [ 4 ] } ]\n'
+        "dynamic_batching { }\n"
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        scripted: torch.jit.ScriptModule = torch.jit.script(PlusOne())
+        scripted.save(str(model_dir / "1" / "model.pt"))
+
+
+class Ends:
+    def __init__(self, plane: DataPlane, remote: RemoteDataPlane) -> None:
+        self.plane, self.remote = plane, remote
+        self.groups: list[list[int]] = []  # the rows of every micro-batch the executor ran
+        run = plane.infer_many
+
+        async def counted(request: InferRequest, rows: Any) -> Any:
+            self.groups.append(list(rows))
+            return await run(request, rows)
+
+        plane.infer_many = counted  # type: ignore[method-assign]
+
+    @property
+    def executor(self) -> RemoteExecutor:
+        return self.remote._executors[0]
+
+    async def stats(self, model: str) -> Any:
+        (stats,) = await self.plane.model_statistics(model)
+        return stats
+
+
+@pytest.fixture
+async def ends(tmp_path: Path) -> AsyncIterator[Ends]:
+    write_plus_one(tmp_path / "repo")
+    write_model(tmp_path / "repo", "identity", dims="[ 4 ]")
+    repository = ModelRepository(
+        [tmp_path / "repo"], BackendRegistry(), control_mode=ControlMode.NONE
+    )
+    await repository.start()
+    plane = DataPlane(repository, version="test")
+    channel = Channel(tmp_path, ring_bytes=256 * 1024, arena_bytes=4 * 1024 * 1024)
+    server = ChannelServer(plane)
+    server.attach(channel.spec)
+    remote = RemoteDataPlane(METADATA, ready_timeout_s=0.5)
+    remote.attach(channel.spec)
+    yield Ends(plane, remote)
+    remote.detach("test over")
+    await server.close()
+    channel.close()
+    plane.close()
+    await repository.close()
+
+
+def request(model: str, value: float, rows: int = 1, **kwargs: Any) -> InferRequest:
+    name = "INPUT__0" if model == "plus_one" else "INPUT0"
+    data = np.full((rows, 4), value, dtype=np.float32)
+    return InferRequest(model, "", [Tensor(name, "FP32", data.shape, data)], **kwargs)
+
+
+def values(response: Any) -> list[list[float]]:
+    return np.asarray(response.outputs[0].data).tolist()  # type: ignore[no-any-return]
+
+
+async def test_alike_requests_travel_as_one_micro_batch_and_each_gets_its_rows(
+    ends: Ends,
+) -> None:
+    wanted = [(float(i), 1 + i % 3) for i in range(60)]
+    answers = await asyncio.gather(
+        *(ends.remote.infer(request("plus_one", v, rows)) for v, rows in wanted)
+    )
+    for (value, rows), answer in zip(wanted, answers, strict=True):
+        assert values(answer) == [[value + 1] * 4] * rows
+        assert answer.outputs[0].shape == (rows, 4)
+    assert ends.groups, "no micro-batch reached the executor"
+    assert sum(len(g) for g in ends.groups) == 60  # every request travelled in one
+    assert max(len(g) for g in ends.groups) > 1
+    stats = await ends.stats("plus_one")
+    assert stats.inference_stats["success"].count == 60  # each request counted
+    assert stats.inference_count == sum(rows for _, rows in wanted)
+
+
+async def test_a_lone_request_is_sent_as_it_always_was(ends: Ends) -> None:
+    answer = await ends.remote.infer(request("plus_one", 2.0))
+    assert values(answer) == [[3.0] * 4]
+    assert ends.groups == []
+
+
+async def test_a_model_given_each_request_refuses_micro_batches_and_its_requests_go_alone(
+    ends: Ends,
+) -> None:
+    answers = await asyncio.gather(*(ends.remote.infer(request("identity", i)) for i in range(8)))
+    assert [values(a)[0][0] for a in answers] == list(range(8))
+    assert len(ends.groups) == 1  # refused once ...
+    assert ends.executor._alone("identity")  # ... then sent one by one for a while
+    await asyncio.gather(*(ends.remote.infer(request("identity", i)) for i in range(8)))
+    assert len(ends.groups) == 1
+    stats = await ends.stats("identity")
+    assert stats.inference_stats["success"].count == 16  # the refused batch never ran
+
+
+async def test_an_error_of_the_micro_batch_is_every_members_and_counted_for_each(
+    ends: Ends,
+) -> None:
+    def bad(value: float) -> InferRequest:
+        data = np.zeros((1, 3), np.float32)  # the model wants 4 values per row
+        return InferRequest("plus_one", "", [Tensor("INPUT__0", "FP32", data.shape, data)])
+
+    results = await asyncio.gather(
+        *(ends.remote.infer(bad(i)) for i in range(5)), return_exceptions=True
+    )
+    assert all(isinstance(r, InfermuxError) for r in results)
+    assert {r.code for r in results if isinstance(r, InfermuxError)} == {ErrorCode.INVALID_ARG}
+    stats = await ends.stats("plus_one")
+    assert stats.inference_stats["fail"].count == 5
+
+
+async def test_callers_that_give_up_before_the_batch_leaves_are_left_out(ends: Ends) -> None:
+    tasks = [asyncio.ensure_future(ends.remote.infer(request("plus_one", i))) for i in range(6)]
+    await asyncio.sleep(0)  # every request joined the open micro-batch
+    for task in tasks[:3]:
+        task.cancel()
+    done = await asyncio.gather(*tasks, return_exceptions=True)
+    assert all(isinstance(d, asyncio.CancelledError) for d in done[:3])
+    assert [values(d)[0][0] for d in done[3:]] == [4.0, 5.0, 6.0]
+    assert ends.groups == [[1, 1, 1]]
+
+
+def test_only_requests_with_nothing_of_their_own_to_say_are_grouped() -> None:
+    plain = request("plus_one", 1.0)
+    assert group_key(plain) == group_key(request("plus_one", 5.0))
+    assert group_key(plain) != group_key(request("identity", 1.0))
+    assert group_key(request("plus_one", 1.0, parameters={"priority": 1})) is None
+    assert group_key(request("plus_one", 1.0, deadline_ns=5)) is None
+    assert group_key(request("plus_one", 1.0, trace_context={"traceparent": "x"})) is None
+    shm = request("plus_one", 1.0)
+    shm.inputs[0].parameters = {SHM_REGION: "r", SHM_BYTE_SIZE: 16}
+    assert group_key(shm) is None
+    wants = request("plus_one", 1.0, outputs=[RequestedOutput("OUTPUT__0")])
+    assert group_key(wants) != group_key(plain)
+    text = InferRequest("t", "", [Tensor("X", "BYTES", (1,), np.array([b"a"], dtype=np.object_))])
+    assert group_key(text) is None
