@@ -20,7 +20,9 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt
 
 STYLE = {"grpc_shm": "-", "grpc": "--", "http": ":", "http_json": "-."}
+STYLE.update({f"pa_{k}": v for k, v in STYLE.items()}, pa_grpc_cuda_shm=(0, (5, 1, 1, 1)))
 COLOR = {"infermux": "tab:blue", "litserve": "tab:orange", "fastapi": "tab:green"}
+PA_COLOR = "tab:purple"  # infermux driven by perf_analyzer
 
 
 def series(entry: dict[str, Any]) -> dict[tuple[str, str], list[dict[str, Any]]]:
@@ -53,7 +55,8 @@ def plot(doc: dict[str, Any], output: Path) -> None:
         rate, latency = axes[row][0], axes[row][1]
         for (server, protocol), points in series(entry).items():
             c = [p["concurrency"] for p in points]
-            style = {"color": COLOR.get(server), "linestyle": STYLE.get(protocol, "-")}
+            color = PA_COLOR if protocol.startswith("pa_") else COLOR.get(server.split("-")[0])
+            style = {"color": color, "linestyle": STYLE.get(protocol, "-")}
             label = f"{server} {protocol}"
             rate.plot(c, [p["items_per_s"] for p in points], marker="o", label=label, **style)
             latency.plot(

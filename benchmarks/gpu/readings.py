@@ -1,18 +1,15 @@
-"""What a run reads besides the load itself: infermux's statistics, a py-spy profile of the
-server, and the machine, package versions and commit the numbers belong to."""
+"""What a run reads besides the load itself: infermux's statistics, and the machine, package
+versions and commit the numbers belong to (py-spy: pyspy.py)."""
 
 from __future__ import annotations
 
 import importlib.metadata
 import os
 import platform
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
-
-from servers import Server
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 PACKAGES = (
@@ -30,6 +27,7 @@ PACKAGES = (
     "uvloop",
     "numpy",
     "nvidia-ml-py",
+    "py-spy",
 )
 
 
@@ -64,58 +62,6 @@ def stats_delta(before: dict[str, int], after: dict[str, int]) -> dict[str, Any]
         "server_compute_infer_us": per_request_us("compute_infer"),
         "server_compute_output_us": per_request_us("compute_output"),
     }
-
-
-def start_profiler(
-    server: Server, out: Path, model: str, conc: int, window: float
-) -> dict[str, Any]:
-    """py-spy over the measure window; fails soft (no py-spy, or ptrace not permitted)."""
-    # Wheels installed with `pip --target DIR` put the binary in DIR/bin, which is not on PATH.
-    candidates = [shutil.which("py-spy"), str(Path(sys.executable).parent / "py-spy")]
-    candidates += [
-        str(Path(entry) / "bin" / "py-spy")
-        for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep)
-        if entry
-    ]
-    exe = next((c for c in candidates if c and Path(c).is_file()), None)
-    if exe is None:
-        return {"error": "py-spy not found"}
-    path = out / f"pyspy-{model}-infermux-grpc-c{conc}.speedscope.json"
-    command = [
-        exe,
-        "record",
-        "--pid",
-        str(server.process.pid),
-        "--duration",
-        str(max(1, int(window))),
-        "--rate",
-        "100",
-        "--format",
-        "speedscope",
-        "--subprocesses",  # with --frontends N the work is in child processes
-        "--nonblocking",  # don't stop the server to sample it: it keeps its throughput
-        "--output",
-        str(path),
-    ]
-    out.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    return {"process": proc, "path": path, "command": " ".join(command)}
-
-
-def finish_profiler(handle: dict[str, Any], window: float) -> dict[str, Any]:
-    if "error" in handle:
-        return handle
-    proc: subprocess.Popen[str] = handle["process"]
-    try:
-        output, _ = proc.communicate(timeout=window + 30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        output, _ = proc.communicate()
-    path: Path = handle["path"]
-    result = {"command": handle["command"], "rc": proc.returncode, "output": output[-1000:]}
-    if proc.returncode == 0 and path.exists():
-        result["file"] = path.name
-    return result
 
 
 def machine() -> dict[str, Any]:

@@ -7,9 +7,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-
-def fmt(value: Any, spec: str = "") -> str:
-    return "-" if value is None else format(value, spec)
+import report_tables as tables
+from report_tables import fmt
 
 
 def write_md(doc: dict[str, Any], path: Path) -> None:
@@ -24,43 +23,57 @@ def render(doc: dict[str, Any]) -> list[str]:
         else f"no GPU reading ({gpu.get('error')})"
     )
     v = doc["versions"]
+    pa = doc.get("perf_analyzer")
     lines = [
         "# GPU serving benchmark\n",
         f"- Device {cfg['device']}{' (tiny models)' if cfg['tiny'] else ''}: {device}; "
         f"{mi['cpu_model']} x {mi['nproc']}, Python {mi['python']}.",
         "- Versions: " + ", ".join(f"{k} {v[k]}" for k in v) + ".",
-        f"- Load: closed loop, batch-1 requests, {cfg['warmup']} s warm-up + {cfg['window']} s "
-        f"window per point, client processes {cfg['client_procs'] or 'min(8, c)'} (asyncio + "
-        f"uvloop), gRPC client `{cfg['grpc_client']}`, HTTP client `{cfg['http_client']}`. "
-        f"infermux: {cfg['instances']} instances, max_queue_delay {cfg['queue_delay_us']} µs, "
-        f"CUDA graphs {'on' if cfg['cuda_graphs'] else 'off'} in config. LitServe: "
+        f"- Load, `loadgen` rows: closed loop, batch-1 requests, {cfg['warmup']} s warm-up + "
+        f"{cfg['window']} s window per point, client processes {cfg['client_procs'] or 'min(8, c)'} "
+        f"(asyncio + uvloop), gRPC client `{cfg['grpc_client']}`, HTTP client `{cfg['http_client']}`.",
+    ]
+    if pa:
+        lines.append(
+            f"- Load, `perf_analyzer` rows ({fmt(pa.get('version'))}; {pa.get('found')}): `-b 1`, "
+            f"{'async' if cfg.get('pa_async') else 'sync'} mode, the reference request as "
+            f"`--input-data` JSON, `--measurement-interval {cfg.get('pa_interval_ms')} "
+            f"--stability-percentage {cfg.get('pa_stability'):g} --max-trials "
+            f"{cfg.get('pa_max_trials')}`; infer/s and p50/p99 are perf_analyzer's (its stable "
+            "windows; `~` = no stable window, the last pass's throughput); the server-side "
+            f"readings (GPU, batch, CPU) cover its whole run from {cfg['warmup']} s after its start. "
+            "perf_analyzer checks no answer: each server's warm-up runs loadgen's equivalent "
+            "protocol, which does (see Checks). Commands: `pa_command` in the JSON."
+        )
+    lines += [
+        f"- infermux: {cfg['instances']} instances, max_queue_delay {cfg['queue_delay_us']} µs, "
+        f"CUDA graphs {'on' if cfg['cuda_graphs'] else 'off'} in config, --frontends "
+        f"{','.join(map(str, cfg['frontends']))}, --executors {cfg['executors']}. LitServe: "
         f"{cfg['litserve_workers']} workers, max batch {cfg['litserve_max_batch']}, timeout "
         f"{cfg['litserve_batch_timeout']} s; peers take base64 in JSON, FastAPI does not batch.",
-        "- `% ceil` = items/s ÷ the raw in-process ceiling. CPU columns are cores (1.00 = one "
-        "core). GPU % = NVML utilisation sampled every 100 ms in the window (mean / max). "
-        "`GPU MiB` = the server's processes per NVML (or, where NVML's pids do not match, the "
-        "device's used memory minus what was used before the server started). `batch`, `queue`, "
-        "`infer` = infermux's stats delta: Δinference / Δexecution count, and µs per request.",
+        "- `÷ ceiling` = infer/s ÷ the raw in-process ceiling. GPU util = NVML, sampled every "
+        "100 ms over the window. `avg batch`, `compute infer` = infermux's stats delta "
+        "(Δinference / Δexecution count; perf_analyzer rows: its own Server Compute Infer). CPU "
+        "µs per request = CPU time (utime + stime, /proc) over the window ÷ the server's "
+        "Δinference count (peers: requests completed); per batch ÷ Δexecution count. `server "
+        "CPU µs/req` is the whole process group (supervisor, front ends, executor, resource "
+        "tracker); a one-process infermux (--frontends 1) has no executor/front-end split.",
         f"- Wall time {doc.get('wall_s')} s; git {fmt((doc['git'].get('commit') or '')[:10])}.\n",
     ]
     for model, entry in doc["models"].items():
-        lines += _model(model, entry)
+        lines += _model(model, entry, max(cfg["concurrency"]))
     lines += _checks(doc)
     return lines
 
 
-def _model(model: str, entry: dict[str, Any]) -> list[str]:
-    raw = entry.get("raw", {})
-    lines = [f"## {model}: {raw.get('description', '')}\n"]
-    if "error" in raw:
-        return [*lines, f"Raw step failed: `{raw['error'][-500:]}`\n"]
+def _raw(raw: dict[str, Any]) -> str:
     graph, eager, mem = raw.get("graph", {}), raw.get("eager", {}), raw.get("memory", {})
-    ceiling = raw.get("ceiling_items_per_s")
-    lines.append(
+    return (
         f"Raw in-process ({raw.get('compute_dtype')}, torch {raw.get('torch')}): ceiling "
-        f"**{fmt(ceiling, ',.0f')} items/s** at batch {raw.get('max_batch')}; batch-1 latency "
-        f"{fmt(raw.get('b1_latency_ms'), '.3f')} ms. Eager: {fmt(eager.get('max_batch_items_per_s'), ',.0f')} "
-        f"items/s, batch 1 {fmt(eager.get('b1', {}).get('p50_ms'), '.3f')} ms. "
+        f"**{fmt(raw.get('ceiling_items_per_s'), ',.0f')} items/s** at batch {raw.get('max_batch')}; "
+        f"batch-1 latency **{fmt(raw.get('b1_latency_ms'), '.3f')} ms**. Eager: "
+        f"{fmt(eager.get('max_batch_items_per_s'), ',.0f')} items/s, batch 1 "
+        f"{fmt(eager.get('b1', {}).get('p50_ms'), '.3f')} ms. "
         + (
             f"CUDA graphs: 1 stream {fmt(graph.get('one_stream_items_per_s'), ',.0f')}, "
             f"{graph.get('streams')} streams {fmt(graph.get('multi_stream_items_per_s'), ',.0f')} "
@@ -80,11 +93,55 @@ def _model(model: str, entry: dict[str, Any]) -> list[str]:
         )
         + "\n"
     )
-    lines.append(
-        "| server | protocol | c | items/s | % ceil | p50 ms | p90 ms | p99 ms | errors | "
-        "client CPU | server CPU | GPU % | GPU MiB | batch | queue µs | infer µs |"
-    )
-    lines.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+
+
+def _model(model: str, entry: dict[str, Any], top: int) -> list[str]:
+    raw = entry.get("raw", {})
+    lines = [f"## {model}: {raw.get('description', '')}\n"]
+    if "error" in raw:
+        return [*lines, f"Raw step failed: `{raw['error'][-500:]}`\n"]
+    ceiling = raw.get("ceiling_items_per_s")
+    lines.append(_raw(raw))
+    lines += [*tables.headline(entry, ceiling), ""]
+    lines += ["### Targets\n", *_targets(entry, raw, top), ""]
+    lines += ["### GPU memory\n", *tables.memory(entry), ""]
+    split = tables.cpu_split(entry, top)
+    if split:
+        lines += [f"### infermux CPU at c={top}\n", *split, ""]
+    lines += ["### All readings\n", *tables.details(entry, ceiling), ""]
+    lines += _notes(entry)
+    return [*lines, ""]
+
+
+def _targets(entry: dict[str, Any], raw: dict[str, Any], top: int) -> list[str]:
+    """Per server and protocol: best ÷ ceiling, GPU util / avg batch / executor CPU at the top
+    concurrency, and c=1 p50 against the raw batch-1 latency."""
+    ceiling, b1 = raw.get("ceiling_items_per_s"), raw.get("b1_latency_ms")
+    series: dict[tuple[str, str], dict[int, dict[str, Any]]] = {}
+    for name, p in tables.points(entry):
+        if tables.measured(p):
+            series.setdefault((name, p["protocol"]), {})[p["concurrency"]] = p
+    lines = [
+        f"| server | protocol | best ÷ ceiling (at c) | GPU util % at c={top} | avg batch at c={top} "
+        f"| c=1 p50 ms (÷ raw batch-1 {fmt(b1, '.3f')} ms) | executor CPU µs/req at c={top} |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for (name, protocol), by_c in series.items():
+        best = max(by_c.values(), key=lambda p: p["items_per_s"])
+        at_top, at_one = by_c.get(top, {}), by_c.get(1, {})
+        p50 = at_one.get("p50_ms")
+        lines.append(
+            f"| {name} | {protocol} | "
+            f"{fmt(best['items_per_s'] / ceiling if ceiling else None, '.3f')} "
+            f"({best['concurrency']}) | {fmt(at_top.get('gpu_util_mean'), '.0f')} | "
+            f"{fmt(at_top.get('avg_batch'), '.1f')} | "
+            + (f"{p50:.2f} ({p50 / b1:.1f}x)" if p50 is not None and b1 else fmt(p50, ".2f"))
+            + f" | {fmt(at_top.get('executor_cpu_us_per_request'), ',.0f')} |"
+        )
+    return lines
+
+
+def _notes(entry: dict[str, Any]) -> list[str]:
     notes = []
     for name, server in entry.get("servers", {}).items():
         if "skipped" in server:
@@ -92,7 +149,7 @@ def _model(model: str, entry: dict[str, Any]) -> list[str]:
             continue
         if "error" in server:
             notes.append(f"- {name}: {' '.join(server['error'].split())[:400]}")
-        info, ready = server.get("info", {}), server.get("memory_after_warmup", {})
+        info = server.get("info", {})
         if info:
             own = server.get("infermux_memory_usage")
             accounted = (
@@ -103,37 +160,29 @@ def _model(model: str, entry: dict[str, Any]) -> list[str]:
                 if isinstance(own, list) and own
                 else ""
             )
+            warm = server.get("warmup", {})
             notes.append(
-                f"- {name}: ready in {info.get('startup_s')} s; GPU memory after warm-up "
-                f"{fmt(_mib(ready), ',.0f')} MiB{accounted}; stopped in {server.get('stop_s')} s."
+                f"- {name}: ready in {info.get('startup_s')} s; warm-up "
+                f"{fmt(warm.get('protocol'))} c={fmt(warm.get('concurrency'))}: "
+                f"{fmt(warm.get('items_per_s'), ',.0f')}/s, {fmt(warm.get('verified'))} answers "
+                f"verified, {fmt(warm.get('mismatched'))} wrong; GPU memory after warm-up "
+                f"{fmt(tables.mib_of(server.get('memory_after_warmup')), ',.0f')} MiB{accounted}; "
+                f"stopped in {server.get('stop_s')} s."
             )
-        for p in server.get("points", []):
-            head = f"| {name} | {p['protocol']} | {p['concurrency']} |"
-            if "skipped" in p or "error" in p:
-                text = p.get("skipped") or " ".join(p.get("error", "").split())[:200]
-                lines.append(f"{head} {text.replace('|', '/')} |")
-                continue
-            rate = p["items_per_s"]
-            gpu = (
-                f"{fmt(p.get('gpu_util_mean'), '.0f')} / {fmt(p.get('gpu_util_max'))}"
-                if p.get("gpu_util_mean") is not None
-                else "-"
+        profile = server.get("profile")
+        if profile:
+            spy, run = profile.get("pyspy", {}), profile.get("run", {})
+            notes.append(
+                f"- {name} py-spy ({run.get('protocol')} c={run.get('concurrency')}, a run of its "
+                f"own: {fmt(run.get('items_per_s'), ',.0f')} infer/s while profiled): "
+                + (
+                    f"`{spy['file']}` (speedscope), top frames per process and thread in "
+                    f"`{profile.get('summary', '-')}`."
+                    if spy.get("file")
+                    else f"no profile ({' '.join(str(spy.get('error') or spy.get('output') or profile.get('skipped')).split())[:300]})."
+                )
             )
-            mib = p.get("server_gpu_mib_max")
-            lines.append(
-                f"{head} {rate:,.0f} | {fmt(100 * rate / ceiling if ceiling else None, '.1f')} | "
-                f"{fmt(p['p50_ms'], '.2f')} | {fmt(p['p90_ms'], '.2f')} | {fmt(p['p99_ms'], '.2f')} | "
-                f"{p['errors']} | {fmt(p['client_cpu'], '.2f')} | {fmt(p.get('server_cpu'), '.2f')} | "
-                f"{gpu} | {fmt(mib if mib is not None else p.get('device_delta_max_mib'), ',.0f')} | "
-                f"{fmt(p.get('avg_batch'), '.1f')} | {fmt(p.get('server_queue_us'), ',.0f')} | "
-                f"{fmt(p.get('server_compute_infer_us'), ',.0f')} |"
-            )
-    return [*lines, "", *notes, ""]
-
-
-def _mib(memory: dict[str, Any]) -> float | None:
-    value = memory.get("process_mib")
-    return value if value is not None else memory.get("device_delta_mib")
+    return notes
 
 
 def _checks(doc: dict[str, Any]) -> list[str]:
@@ -141,6 +190,9 @@ def _checks(doc: dict[str, Any]) -> list[str]:
     worst = 0.0
     for entry in doc["models"].values():
         for server in entry.get("servers", {}).values():
+            warm = server.get("warmup", {})
+            verified += warm.get("verified") or 0
+            mismatched += warm.get("mismatched") or 0
             for p in server.get("points", []):
                 verified += p.get("verified", 0)
                 mismatched += p.get("mismatched", 0)
@@ -148,9 +200,10 @@ def _checks(doc: dict[str, Any]) -> list[str]:
                 worst = max(worst, p.get("max_err", 0.0))
     return [
         "## Checks\n",
-        f"- First answer of every client slot checked against the raw model's output for the same "
-        f"input: {verified} verified, {mismatched} wrong (largest error relative to the output's "
-        f"magnitude: {worst:.2e}); failed requests or points: {errors}.",
+        f"- First answer of every loadgen client slot (points and warm-ups) checked against the raw "
+        f"model's output for the same input: {verified} verified, {mismatched} wrong (largest error "
+        f"relative to the output's magnitude in the points: {worst:.2e}); failed requests or "
+        f"points: {errors}.",
     ]
 
 

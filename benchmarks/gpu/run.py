@@ -3,16 +3,21 @@ with the raw in-process ceiling beside them. One run writes ``OUT/gpu_bench.json
 ``OUT/gpu_bench.md``; the JSON is rewritten after every point, so a run cut short keeps its data.
 
     python benchmarks/gpu/run.py --out DIR [--models resnet50,bert] [--servers infermux,litserve,fastapi]
-                                 [--protocols grpc_shm,grpc,http] [--concurrency 1,16,64,256]
-                                 [--window 5] [--device cuda|cpu] [--tiny] [--profile]
+                                 [--protocols grpc_shm,grpc,http,pa_grpc_shm,pa_grpc_cuda_shm,pa_grpc,pa_http]
+                                 [--concurrency 1,16,64,256] [--window 5] [--device cuda|cpu]
+                                 [--tiny] [--profile] [--frontends 4]
     python benchmarks/gpu/run.py --device cpu --tiny --window 2 --concurrency 1,4 --out /tmp/gpubench
 
 Per model: (a) ``raw.py`` exports the model into a Triton-layout repository and measures the ceiling
 in a subprocess; then, for each server in turn, (b) start it (own process group, 127.0.0.1), wait
-until ready, warm it up, and (c) run a closed-loop point per protocol and concurrency (loadgen.py)
-while sampling GPU utilisation and memory (NVML, every 100 ms) and the server's CPU time; infermux's
-``/v2/models/M/stats`` delta gives the batch sizes it formed. Servers are stopped by killing their
-process group, also on errors and Ctrl-C. README.md beside this file has the GPU-box commands.
+until ready, warm it up, and (c) run a point per protocol and concurrency: closed-loop load from
+loadgen.py (``grpc_shm``, ``grpc``, ``http``; the peers' ``http_json``) or one perf_analyzer run
+(``pa_*``, perfanalyzer.py), while window.py samples GPU utilisation and memory (NVML, every
+100 ms), the server's CPU time per process role and executor thread, and infermux's
+``/v2/models/M/stats`` delta (the batch sizes it formed). With ``--profile``, one more run at the
+highest concurrency of ``--profile-protocol`` has py-spy record the whole server process group.
+Servers are stopped by killing their process group, also on errors and Ctrl-C. README.md beside
+this file has the GPU-box commands.
 """
 
 from __future__ import annotations
@@ -20,36 +25,39 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import shlex
 import shutil
 import signal
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
+import cpuroles
+import perfanalyzer
+import pyspy
 from clients import Target
 from loadgen import run_point
-from nvml import Nvml, Sampler
-from procs import cpu_seconds, get_json
-from readings import (
-    finish_profiler,
-    git_commit,
-    machine,
-    start_profiler,
-    stats_counters,
-    stats_delta,
-    versions,
-)
+from nvml import Nvml
+from procs import get_json
+from readings import git_commit, machine, versions
 from report import write_md
 from servers import PROTOCOLS, SERVERS, Server, start_infermux, start_peer
-from specs import MODELS, model_spec
+from specs import MODELS, load_reference, model_spec
+from window import Window
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 POINT_OVERHEAD_S = 1.5  # client start-up and drain per point (seen: 0.6 s on 2 slow cores)
+SERVER_OVERHEAD_S = 15.0  # start-up and stop of one server (seen: 8-12 s on the H200 box)
+RAW_S = 30.0  # export + raw ceiling (seen: 24 s for ResNet-50 on the H200 box)
+FILES_TGZ = "gpu_bench_files.tgz"  # perf_analyzer CSVs and logs, its input data, server logs
+PROFILE_SUMMARY = "pyspy_summary.txt"
 
 
 class Clock:
@@ -78,6 +86,10 @@ class Bench:
         self.frontends: dict[str, int] = {}  # server label -> infermux --frontends
         self.out: Path = args.out
         self.work = Path(tempfile.mkdtemp(prefix="infermux-gpubench-"))
+        self.files = self.work / "files"  # packed into OUT/gpu_bench_files.tgz
+        self.files.mkdir()
+        self.summaries: list[str] = []  # py-spy text summaries, OUT/pyspy_summary.txt
+        self.pa: list[str] | None = None
         self.doc: dict[str, Any] = {
             "benchmark": "gpu",
             "started": datetime.datetime.now().isoformat(timespec="seconds"),
@@ -89,9 +101,15 @@ class Bench:
             "git": git_commit(),
             "models": {},
         }
+        if any(p in perfanalyzer.PROTOCOLS for p in args.protocols):
+            self.pa, how = perfanalyzer.locate(args.perf_analyzer, ROOT)
+            self.doc["perf_analyzer"] = {"argv": self.pa, "found": how}
+            if self.pa:
+                done = subprocess.run([*self.pa, "--version"], capture_output=True, text=True)
+                self.doc["perf_analyzer"]["version"] = (done.stdout + done.stderr).strip()
 
     # ------------------------------------------------------------------------- output
-    def save(self) -> None:
+    def save(self, pack: bool = False) -> None:
         self.doc["wall_s"] = round(self.clock.elapsed(), 1)
         self.out.mkdir(parents=True, exist_ok=True)
         path = self.out / "gpu_bench.json"
@@ -99,6 +117,13 @@ class Bench:
         tmp.write_text(json.dumps(self.doc, indent=1) + "\n")
         tmp.replace(path)  # never a half-written file if the run is killed
         write_md(self.doc, self.out / "gpu_bench.md")
+        if self.summaries:
+            (self.out / PROFILE_SUMMARY).write_text("\n\n".join(self.summaries))
+        if pack:
+            tmp = self.out / (FILES_TGZ + ".tmp")
+            with tarfile.open(tmp, "w:gz") as tar:
+                tar.add(self.files, arcname="files")
+            tmp.replace(self.out / FILES_TGZ)
 
     # ------------------------------------------------------------------------- per model
     def run_model(self, model: str) -> None:
@@ -126,7 +151,7 @@ class Bench:
                 continue
             self.frontends[name] = frontends
             entry["servers"][name] = self.run_server(model, name, protocols)
-            self.save()
+            self.save(pack=True)
 
     def raw(self, model: str) -> dict[str, Any]:
         args = self.args
@@ -168,10 +193,12 @@ class Bench:
     # ------------------------------------------------------------------------- per server
     def run_server(self, model: str, name: str, protocols: list[str]) -> dict[str, Any]:
         args = self.args
-        log = self.work / f"{model}-{name}.log"
+        log = self.files / f"server-{model}-{name}.log"
         baseline = self.nvml.device_used_mib()
         entry: dict[str, Any] = {"points": [], "device_used_before_mib": baseline}
         server: Server | None = None
+        names: dict[int, str] = {}  # Python thread names of the executor(s), by native id
+        profiled = profile_protocol(args, protocols) if name.startswith("infermux") else None
         self.clock.log(f"{model}/{name}: starting")
         try:
             server = self.start(model, name, log)
@@ -180,16 +207,20 @@ class Bench:
             entry["memory_ready"] = self.server_memory(server, baseline)
             if args.server_warmup > 0:
                 top = max(args.concurrency)
+                # perf_analyzer checks no answer: warm up (and check) with loadgen's equivalent.
+                first = perfanalyzer.LOADGEN_EQUIVALENT.get(protocols[0], protocols[0])
                 warm = run_point(
-                    self.target(model, server, protocols[0]),
+                    self.target(model, server, first),
                     top,
                     self.client_procs(top),
                     warmup=0,
                     window=args.server_warmup,
                 )
-                entry["warmup"] = {
-                    k: warm.get(k) for k in ("items_per_s", "errors", "error", "mismatched")
-                }
+                entry["warmup"] = {"protocol": first, "concurrency": top}
+                entry["warmup"].update(
+                    (k, warm.get(k))
+                    for k in ("items_per_s", "errors", "error", "verified", "mismatched")
+                )
             entry["memory_after_warmup"] = self.server_memory(server, baseline)
             # infermux's own accounting: weights, buffers, graph pools, staging
             if name.startswith("infermux"):
@@ -200,17 +231,23 @@ class Bench:
                     entry["infermux_memory_usage"] = repr(exc)
             for protocol in protocols:
                 for conc in args.concurrency:
-                    if not self.clock.allows(args.warmup + args.window + POINT_OVERHEAD_S):
+                    why = self.skip_reason(protocol)
+                    if why:
                         entry["points"].append(
-                            {"protocol": protocol, "concurrency": conc, "skipped": "deadline"}
+                            {"protocol": protocol, "concurrency": conc, "skipped": why}
                         )
                         continue
-                    point = self.point(model, server, protocol, conc, baseline)
+                    point = self.point(
+                        model, server, protocol, conc, baseline=baseline, names=names
+                    )
                     entry["points"].append(point)
                     self.report_point(model, name, point)
                     self.save()
                     if not server.process.alive():
                         raise RuntimeError(f"{name} died:\n{server.process.log_tail()}")
+                if protocol == profiled:
+                    entry["profile"] = self.profile(model, server, protocol, baseline, names)
+                    self.save()
         except Exception as exc:
             entry["error"] = f"{type(exc).__name__}: {exc}"
             self.clock.log(f"{model}/{name}: ERROR {entry['error']}")
@@ -219,6 +256,24 @@ class Bench:
                 entry["stop_s"] = round(server.process.stop(), 2)
                 entry["log_tail"] = server.process.log_tail(2000)
         return entry
+
+    def skip_reason(self, protocol: str) -> str:
+        args = self.args
+        if protocol == "pa_grpc_cuda_shm" and args.device != "cuda":
+            return "CUDA shared memory needs --device cuda"
+        if protocol in perfanalyzer.PROTOCOLS and self.pa is None:
+            return str(self.doc["perf_analyzer"]["found"])
+        if not self.clock.allows(self.point_s(protocol)[0]):
+            return "deadline"
+        return ""
+
+    def point_s(self, protocol: str) -> tuple[float, float]:
+        """(usual, worst) wall seconds of one point."""
+        args = self.args
+        if protocol in perfanalyzer.PROTOCOLS:
+            return perfanalyzer.expected_s(args.pa_interval_ms, args.pa_max_trials)
+        seconds = args.warmup + args.window + POINT_OVERHEAD_S
+        return seconds, seconds
 
     def start(self, model: str, name: str, log: Path) -> Server:
         args = self.args
@@ -269,108 +324,219 @@ class Bench:
 
     # ------------------------------------------------------------------------- per point
     def point(
-        self, model: str, server: Server, protocol: str, conc: int, baseline: float | None
+        self,
+        model: str,
+        server: Server,
+        protocol: str,
+        conc: int,
+        *,
+        baseline: float | None,
+        names: dict[int, str],
     ) -> dict[str, Any]:
+        window = Window(self.nvml, server, model, names)
+        head: dict[str, Any] = {"protocol": protocol, "concurrency": conc}
+        if protocol in perfanalyzer.PROTOCOLS:
+            head["client"] = "perf_analyzer"
+            result = self.pa_run(
+                model, server, protocol, conc, on_start=window.start, on_end=window.end
+            )
+            return {**head, **result, **window.result(baseline)}
         args = self.args
-        sampler = Sampler(self.nvml, server.process.pids)
-        marks: dict[str, Any] = {}
-        stats_url = (
-            f"{server.http_url}/v2/models/{model}/stats" if server.name == "infermux" else ""
-        )
-        profile = (
-            args.profile
-            and server.name == "infermux"
-            and protocol == "grpc"
-            and conc == max(args.concurrency)
-        )
-
-        def snapshot() -> dict[str, Any]:
-            snap: dict[str, Any] = {"cpu": cpu_seconds(server.process.pids())}
-            if stats_url:
-                try:
-                    snap["stats"] = stats_counters(get_json(stats_url))
-                except Exception as exc:
-                    snap["stats_error"] = repr(exc)
-            return snap
-
-        def on_start() -> None:
-            marks["before"] = snapshot()
-            marks["t0"] = time.monotonic()
-            sampler.start()
-            if profile:
-                marks["profiler"] = start_profiler(server, self.out, model, conc, args.window)
-
-        def on_end() -> None:
-            marks["gpu"] = sampler.stop()
-            marks["after"] = snapshot()
-            marks["t1"] = time.monotonic()
-
+        head["client"] = "loadgen"
         result = run_point(
             self.target(model, server, protocol),
             conc,
             self.client_procs(conc),
             warmup=args.warmup,
             window=args.window,
+            on_start=window.start,
+            on_end=window.end,
+        )
+        return {**head, **result, **window.result(baseline, result.get("completed"))}
+
+    def pa_run(
+        self,
+        model: str,
+        server: Server,
+        protocol: str,
+        conc: int,
+        *,
+        on_start: Callable[[], None],
+        on_end: Callable[[], None],
+        tag: str = "",
+    ) -> dict[str, Any]:
+        args = self.args
+        assert self.pa is not None
+        spec = model_spec(model, args.tiny)
+        data = self.files / f"pa-input-{model}.json"
+        if not data.exists():
+            ref, _ = load_reference(self.work / "ref", spec)
+            perfanalyzer.write_input_data(spec, ref, data)
+        stem = f"pa-{model}-{protocol}-c{conc}{tag}"
+        url = server.grpc_target if "grpc" in protocol else server.http_url.removeprefix("http://")
+        extra = shlex.split(args.pa_extra) + (["--async"] if args.pa_async else [])
+        argv = perfanalyzer.command(
+            self.pa,
+            model=model,
+            url=url,
+            protocol=protocol,
+            concurrency=conc,
+            input_data=data,
+            csv_path=self.files / f"{stem}.csv",
+            interval_ms=args.pa_interval_ms,
+            stability=args.pa_stability,
+            max_trials=args.pa_max_trials,
+            extra=extra,
+        )
+        worst = self.point_s(protocol)[1]
+        result = perfanalyzer.run(
+            argv,
+            self.files / f"{stem}.log",
+            warmup=args.warmup,
+            timeout=worst + 60,
+            shm_names=tuple(t.name for t in (*spec.inputs, spec.output)),
+            env=(
+                {"TRITON_CLIENT_GRPC_CHANNEL_MAX_SHARE_COUNT": str(args.pa_grpc_channel_share)}
+                if args.pa_grpc_channel_share
+                else None
+            ),
             on_start=on_start,
             on_end=on_end,
         )
-        point: dict[str, Any] = {"protocol": protocol, "concurrency": conc, **result}
-        if "before" in marks and "after" in marks:
-            span = marks["t1"] - marks["t0"]
-            point["server_cpu"] = round((marks["after"]["cpu"] - marks["before"]["cpu"]) / span, 3)
-            point.update(marks["gpu"])
-            used = point.get("device_used_max_mib")
-            point["device_delta_max_mib"] = (
-                round(used - baseline, 1) if used is not None and baseline is not None else None
+        return {"pa_command": shlex.join(argv), **result}
+
+    def profile(
+        self,
+        model: str,
+        server: Server,
+        protocol: str,
+        baseline: float | None,
+        names: dict[int, str],
+    ) -> dict[str, Any]:
+        """One more run at the highest concurrency with py-spy recording the whole process
+        group for ``--profile-seconds`` (a run of its own, so no measured point carries py-spy's
+        overhead; its figures are kept beside the profile)."""
+        args = self.args
+        conc = max(args.concurrency)
+        usual, _ = self.point_s(protocol)
+        if not self.clock.allows(max(usual, args.warmup + args.profile_seconds + 3)):
+            self.clock.log(f"{model}/infermux: profile skipped (deadline)")
+            return {"skipped": "deadline"}
+        path = self.out / f"pyspy-{model}-{protocol}-c{conc}.speedscope.json"
+        handle: dict[str, Any] = {}
+        window = Window(self.nvml, server, model, names)
+
+        def on_start() -> None:
+            window.start()
+            handle.update(pyspy.start(server.process.pid, path, args.profile_seconds))
+
+        self.clock.log(
+            f"{model}/infermux: py-spy {args.profile_seconds:g} s at {protocol} c={conc}"
+        )
+        if protocol in perfanalyzer.PROTOCOLS:
+            result = self.pa_run(
+                model, server, protocol, conc, on_start=on_start, on_end=window.end, tag="-profiled"
             )
-            if "stats" in marks["before"] and "stats" in marks["after"]:
-                point.update(stats_delta(marks["before"]["stats"], marks["after"]["stats"]))
-        if "profiler" in marks:
-            point["profile"] = finish_profiler(marks["profiler"], args.window)
-        return point
+        else:
+            result = run_point(
+                self.target(model, server, protocol),
+                conc,
+                self.client_procs(conc),
+                warmup=args.warmup,
+                window=args.profile_seconds,
+                on_start=on_start,
+                on_end=window.end,
+            )
+        run = {"protocol": protocol, "concurrency": conc, **result, **window.result(baseline)}
+        out: dict[str, Any] = {"run": run, "pyspy": pyspy.finish(handle) if handle else {}}
+        if path.exists():
+            leader = server.process.pid
+            executors = set(server.info.get("executor_pids", []))
+            roles = cpuroles.roles(leader, server.process.pids() | {leader}, executors)
+            try:
+                self.summaries.append(
+                    pyspy.summarize(
+                        path, roles, f"{model} infermux {protocol} c={conc} ({path.name})"
+                    )
+                )
+                out["summary"] = PROFILE_SUMMARY
+            except (OSError, ValueError, KeyError) as exc:
+                out["summary_error"] = repr(exc)
+        self.clock.log(
+            f"{model}/infermux: profile {out['pyspy'].get('file') or out['pyspy']} "
+            f"({run.get('items_per_s')}/s while profiled)"
+        )
+        return out
 
     def report_point(self, model: str, name: str, point: dict[str, Any]) -> None:
+        label = f"{model}/{name}/{point['protocol']:9s} c={point['concurrency']:<4d}"
         if "error" in point:
-            self.clock.log(
-                f"{model}/{name}/{point['protocol']} c={point['concurrency']}: ERROR {point['error']}"
-            )
+            self.clock.log(f"{label}: ERROR {point['error'][:600]}")
             return
+        pa = point.get("client") == "perf_analyzer"
         self.clock.log(
-            f"{model}/{name}/{point['protocol']:9s} c={point['concurrency']:<4d} "
-            f"{point['items_per_s']:>9,.1f}/s p50={point['p50_ms']} p99={point['p99_ms']} ms "
-            f"err={point['errors']} bad={point['mismatched']} batch={point.get('avg_batch')} "
-            f"gpu={point.get('gpu_util_mean')}% cpu s/c={point.get('server_cpu')}/"
-            f"{point['client_cpu']}"
+            f"{label} {point['items_per_s']:>9,.1f}/s p50={point['p50_ms']} p99={point['p99_ms']} ms "
+            + (
+                f"rc={point['pa_rc']}{' UNSTABLE' if point.get('unstable') else ''} "
+                f"passes={len(point['pa_passes'])} "
+                if pa
+                else f"err={point['errors']} bad={point['mismatched']} "
+            )
+            + f"batch={point.get('avg_batch')} gpu={point.get('gpu_util_mean')}% "
+            f"cpu s/c={point.get('server_cpu')}/{point.get('client_cpu')} "
+            f"exec µs/req={point.get('executor_cpu_us_per_request')} "
+            f"fe µs/req={point.get('frontend_cpu_us_per_request')}"
         )
+
+
+def profile_protocol(args: argparse.Namespace, protocols: list[str]) -> str | None:
+    """The protocol profiled with --profile: --profile-protocol when it is run, else the first
+    perf_analyzer protocol run, else the first one."""
+    if not args.profile:
+        return None
+    if args.profile_protocol in protocols:
+        return str(args.profile_protocol)
+    usable = [p for p in protocols if not (p == "pa_grpc_cuda_shm" and args.device != "cuda")]
+    return next((p for p in usable if p in perfanalyzer.PROTOCOLS), usable[0] if usable else None)
 
 
 def server_runs(args: argparse.Namespace) -> list[tuple[str, str, int]]:
     """(label, server kind, front-end processes) of every server run: infermux once per
-    ``--frontends`` value (labelled ``infermux-fN`` when more than the default is asked)."""
+    ``--frontends`` value (labelled ``infermux-fN`` when several are asked)."""
     runs = []
     for kind in args.servers:
         if kind != "infermux":
             runs.append((kind, kind, 1))
-        elif args.frontends == [1]:
-            runs.append(("infermux", kind, 1))
+        elif len(args.frontends) == 1:
+            runs.append(("infermux", kind, args.frontends[0]))
         else:
             runs.extend((f"infermux-f{n}", kind, n) for n in args.frontends)
     return runs
 
 
-def estimate_s(args: argparse.Namespace) -> float:
-    """Rough wall time of the requested run, printed up front."""
-    points = 0
-    runs = server_runs(args)
-    for _, kind, _ in runs:
-        protocols = [p for p in args.protocols if p in PROTOCOLS[kind]] or PROTOCOLS[kind]
-        points += len(protocols) * len(args.concurrency)
-    per_model = (
-        30  # export + raw
-        + len(runs) * (15 + args.server_warmup)
-        + points * (args.warmup + args.window + POINT_OVERHEAD_S)
-    )
-    return float(per_model * len(args.models))
+def estimate_s(args: argparse.Namespace) -> tuple[float, float]:
+    """Rough (usual, worst) wall time of the requested run, printed up front. perf_analyzer
+    points take 3 to --pa-max-trials measurement intervals each."""
+    pa = perfanalyzer.expected_s(args.pa_interval_ms, args.pa_max_trials)
+    loadgen = args.warmup + args.window + POINT_OVERHEAD_S
+    usual = worst = 0.0
+    for _, kind, _ in server_runs(args):
+        protocols = [p for p in args.protocols if p in PROTOCOLS[kind]] or list(PROTOCOLS[kind])
+        if args.device != "cuda":
+            protocols = [p for p in protocols if p != "pa_grpc_cuda_shm"]
+        usual += SERVER_OVERHEAD_S + args.server_warmup
+        worst += SERVER_OVERHEAD_S + args.server_warmup
+        for protocol in protocols:
+            low, high = pa if protocol in perfanalyzer.PROTOCOLS else (loadgen, loadgen)
+            usual += low * len(args.concurrency)
+            worst += high * len(args.concurrency)
+        profiled = profile_protocol(args, protocols) if kind == "infermux" else None
+        if profiled:
+            low, high = pa if profiled in perfanalyzer.PROTOCOLS else (loadgen, loadgen)
+            usual += max(low, args.warmup + args.profile_seconds + 3)
+            worst += max(high, args.warmup + args.profile_seconds + 3)
+    models = len(args.models)
+    return (RAW_S + usual) * models, (RAW_S + worst) * models
 
 
 # ----------------------------------------------------------------------------- main
@@ -396,20 +562,25 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     p.add_argument("--tiny", action="store_true", help="ResNet-18 at 64x64 and a 2-layer BERT")
     p.add_argument("--concurrency", type=ints, default=[1, 16, 64, 256])
-    p.add_argument("--window", type=float, default=5.0, help="seconds measured per point")
-    p.add_argument("--warmup", type=float, default=1.5, help="seconds of load before each window")
+    p.add_argument("--window", type=float, default=5.0, help="seconds measured per loadgen point")
+    p.add_argument(
+        "--warmup",
+        type=float,
+        default=1.5,
+        help="seconds of load before each window (perf_analyzer: from its start)",
+    )
     p.add_argument("--servers", type=csv(SERVERS), default=list(SERVERS))
     p.add_argument(
         "--protocols",
-        type=csv(("grpc_shm", "grpc", "http")),
+        type=csv(PROTOCOLS["infermux"]),
         default=["grpc_shm", "grpc", "http"],
-        help="infermux's protocols (the peers always use their JSON route)",
+        help="infermux's protocols; pa_* are perf_analyzer's (the peers always use their JSON route)",
     )
     p.add_argument("--instances", type=int, default=4, help="infermux instance_group count")
     p.add_argument(
         "--frontends",
         type=ints,
-        default=[1],
+        default=[4],
         help="infermux --frontends values, each a server run (e.g. 1,2,4,8)",
     )
     p.add_argument(
@@ -426,6 +597,28 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--client-procs", type=int, default=0, help="default: min(8, concurrency)")
     p.add_argument("--grpc-client", choices=("stub", "tritonclient"), default="stub")
     p.add_argument("--http-client", choices=("aiohttp", "tritonclient"), default="aiohttp")
+    p.add_argument(
+        "--perf-analyzer",
+        default="",
+        help="perf_analyzer command (default: $PA, PATH, or .whl/perf_analyzer.tgz unpacked)",
+    )
+    p.add_argument(
+        "--pa-interval-ms", type=int, default=4000, help="perf_analyzer --measurement-interval"
+    )
+    p.add_argument(
+        "--pa-stability", type=float, default=25, help="perf_analyzer --stability-percentage"
+    )
+    p.add_argument("--pa-max-trials", type=int, default=5, help="perf_analyzer --max-trials")
+    p.add_argument(
+        "--pa-async", action="store_true", help="perf_analyzer --async (default: synchronous)"
+    )
+    p.add_argument("--pa-extra", default="", help="more perf_analyzer flags, one string")
+    p.add_argument(
+        "--pa-grpc-channel-share",
+        type=int,
+        default=0,
+        help="TRITON_CLIENT_GRPC_CHANNEL_MAX_SHARE_COUNT for perf_analyzer (0: its default)",
+    )
     p.add_argument("--litserve-workers", type=int, default=4, help="workers_per_device")
     p.add_argument("--litserve-max-batch", type=int, default=64)
     p.add_argument("--litserve-batch-timeout", type=float, default=0.005, help="seconds")
@@ -439,7 +632,17 @@ def parse_args() -> argparse.Namespace:
         default=540.0,
         help="seconds; points that would end later are skipped (the GPU box kills at 600)",
     )
-    p.add_argument("--profile", action="store_true", help="py-spy infermux at max-c gRPC")
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="one extra run at the highest concurrency with py-spy over the infermux group",
+    )
+    p.add_argument(
+        "--profile-protocol",
+        default="pa_grpc_shm",
+        help="the protocol of the --profile run (default pa_grpc_shm, else the first pa_* run)",
+    )
+    p.add_argument("--profile-seconds", type=float, default=5.0, help="py-spy record duration")
     p.add_argument("--keep-workdir", action="store_true", help="keep repositories and logs")
     return p.parse_args()
 
@@ -452,22 +655,27 @@ def main() -> None:
     args = parse_args()
     signal.signal(signal.SIGTERM, terminate)
     bench = Bench(args)
+    usual, worst = estimate_s(args)
     bench.clock.log(
         f"models {args.models}, servers {args.servers}, protocols {args.protocols}, "
-        f"c {args.concurrency}, device {args.device}{' (tiny)' if args.tiny else ''}; "
-        f"estimated {estimate_s(args):.0f} s, deadline {args.deadline:.0f} s; "
-        f"NVML: {'yes' if bench.nvml.available else bench.nvml.error}; work dir {bench.work}"
+        f"c {args.concurrency}, frontends {args.frontends}, device {args.device}"
+        f"{' (tiny)' if args.tiny else ''}; estimated {usual:.0f} s (at most {worst:.0f} s), "
+        f"deadline {args.deadline:.0f} s; NVML: {'yes' if bench.nvml.available else bench.nvml.error}; "
+        f"work dir {bench.work}"
     )
+    if "perf_analyzer" in bench.doc:
+        bench.clock.log(f"perf_analyzer: {bench.doc['perf_analyzer']['found']}")
     try:
         for model in args.models:
             bench.run_model(model)
     finally:
-        bench.save()
+        bench.save(pack=True)
         if args.keep_workdir:
             bench.clock.log(f"work dir kept: {bench.work}")
         else:
             shutil.rmtree(bench.work, ignore_errors=True)
-    bench.clock.log(f"wrote {args.out / 'gpu_bench.json'} and gpu_bench.md")
+    written = sorted(p.name for p in args.out.iterdir() if p.is_file())
+    bench.clock.log(f"wrote {args.out}: {', '.join(written)}")
 
 
 if __name__ == "__main__":

@@ -10,12 +10,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cpuroles import executor_pids
+from perfanalyzer import PROTOCOLS as PA_PROTOCOLS
 from procs import GroupProcess, free_port, http_ok
 
 HERE = Path(__file__).resolve().parent
 SERVERS = ("infermux", "litserve", "fastapi")
-# The protocols each server speaks; the peers have one HTTP route each.
-PROTOCOLS = {"infermux": ("grpc_shm", "grpc", "http"), "litserve": ("http_json",)}
+# The protocols each server speaks (loadgen.py's, then perf_analyzer's); the peers have one HTTP
+# route each.
+PROTOCOLS = {"infermux": ("grpc_shm", "grpc", "http", *PA_PROTOCOLS), "litserve": ("http_json",)}
 PROTOCOLS["fastapi"] = PROTOCOLS["litserve"]
 _READY = re.compile(r"ready: (.*) \(models:")
 _HTTP = re.compile(r"HTTP on http://([\d.]+:\d+)")
@@ -86,6 +89,9 @@ def start_infermux(
 
     server.info["startup_s"] = round(process.wait_for(ready, timeout), 2)
     server.info["command"] = " ".join(command)
+    server.info["frontends"], server.info["executors"] = frontends, executors
+    # Named by the supervisor's ready line; a one-process server has none (cpuroles.py).
+    server.info["executor_pids"] = sorted(executor_pids(process.log_text()))
     return server
 
 

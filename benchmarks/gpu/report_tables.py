@@ -1,0 +1,164 @@
+"""The tables of ``gpu_bench.md`` for one model (report.py puts them together): the headline table
+(issue 24's columns), the details of every point, GPU memory against the in-process minimum and
+LitServe, and infermux's CPU per process role and executor thread at the highest concurrency."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def fmt(value: Any, spec: str = "") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def points(entry: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """(server, point) of every measured point of a model, in run order."""
+    return [
+        (name, p)
+        for name, server in entry.get("servers", {}).items()
+        for p in server.get("points", [])
+    ]
+
+
+def measured(p: dict[str, Any]) -> bool:
+    return "items_per_s" in p and "skipped" not in p
+
+
+def _head(name: str, p: dict[str, Any]) -> str:
+    client = "perf_analyzer" if p["protocol"].startswith("pa_") else "loadgen"
+    return f"| {name} | {client} | {p['protocol']} | {p['concurrency']} |"
+
+
+def _gap(name: str, p: dict[str, Any], columns: int) -> str:
+    text = p.get("skipped") or " ".join(p.get("error", "").split())[:200]
+    return f"{_head(name, p)} {text.replace('|', '/')} |" + " |" * (columns - 1)
+
+
+def headline(entry: dict[str, Any], ceiling: float | None) -> list[str]:
+    """Protocol x concurrency -> the figures issue 24 asks for, every server's rows together."""
+    lines = [
+        "| server | client | protocol | c | infer/s | ÷ ceiling | p50 ms | p99 ms | GPU util % "
+        "| avg batch | compute infer µs | executor CPU µs/req | executor CPU µs/batch "
+        "| front-end CPU µs/req | server CPU µs/req |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, p in points(entry):
+        if not measured(p):
+            lines.append(_gap(name, p, 11))
+            continue
+        rate = p["items_per_s"]
+        infer = p.get("pa_server_compute_infer_us", p.get("server_compute_infer_us"))
+        lines.append(
+            f"{_head(name, p)} {'~' if p.get('unstable') else ''}{rate:,.0f} | "
+            f"{fmt(rate / ceiling if ceiling else None, '.3f')} | {fmt(p.get('p50_ms'), '.2f')} | "
+            f"{fmt(p.get('p99_ms'), '.2f')} | {fmt(p.get('gpu_util_mean'), '.0f')} | "
+            f"{fmt(p.get('avg_batch'), '.1f')} | {fmt(infer, ',.0f')} | "
+            f"{fmt(p.get('executor_cpu_us_per_request'), ',.0f')} | "
+            f"{fmt(p.get('executor_cpu_us_per_batch'), ',.0f')} | "
+            f"{fmt(p.get('frontend_cpu_us_per_request'), ',.0f')} | "
+            f"{fmt(p.get('group_cpu_us_per_request'), ',.0f')} |"
+        )
+    return lines
+
+
+def details(entry: dict[str, Any], ceiling: float | None) -> list[str]:
+    lines = [
+        "| server | client | protocol | c | items/s | % ceil | p50 ms | p90 ms | p99 ms | errors | "
+        "client CPU | server CPU | GPU % | GPU MiB | batch | queue µs | infer µs | server items/s |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, p in points(entry):
+        if not measured(p):
+            lines.append(_gap(name, p, 14))
+            continue
+        rate = p["items_per_s"]
+        gpu = (
+            f"{fmt(p.get('gpu_util_mean'), '.0f')} / {fmt(p.get('gpu_util_max'))}"
+            if p.get("gpu_util_mean") is not None
+            else "-"
+        )
+        mib = p.get("server_gpu_mib_max")
+        lines.append(
+            f"{_head(name, p)} {rate:,.0f} | {fmt(100 * rate / ceiling if ceiling else None, '.1f')} | "
+            f"{fmt(p.get('p50_ms'), '.2f')} | {fmt(p.get('p90_ms'), '.2f')} | "
+            f"{fmt(p.get('p99_ms'), '.2f')} | {fmt(p.get('errors'))} | "
+            f"{fmt(p.get('client_cpu'), '.2f')} | {fmt(p.get('server_cpu'), '.2f')} | {gpu} | "
+            f"{fmt(mib if mib is not None else p.get('device_delta_max_mib'), ',.0f')} | "
+            f"{fmt(p.get('avg_batch'), '.1f')} | "
+            f"{fmt(p.get('pa_server_queue_us', p.get('server_queue_us')), ',.0f')} | "
+            f"{fmt(p.get('pa_server_compute_infer_us', p.get('server_compute_infer_us')), ',.0f')} | "
+            f"{fmt(p.get('server_items_per_s'), ',.0f')} |"
+        )
+    return lines
+
+
+def mib_of(memory: dict[str, Any] | None) -> float | None:
+    if not memory:
+        return None
+    value = memory.get("process_mib")
+    return value if value is not None else memory.get("device_delta_mib")
+
+
+def peak_mib(server: dict[str, Any]) -> float | None:
+    """The largest GPU memory of the server's processes over its measured points."""
+    values = [
+        p.get("server_gpu_mib_max")
+        if p.get("server_gpu_mib_max") is not None
+        else p.get("device_delta_max_mib")
+        for p in server.get("points", [])
+    ]
+    found = [v for v in values if v is not None]
+    return max(found) if found else None
+
+
+def memory(entry: dict[str, Any]) -> list[str]:
+    raw = entry.get("raw", {}).get("memory") or {}
+    minimum = mib_of(raw)
+    rows = [("raw in-process minimum (" + str(raw.get("what", "-")) + ")", minimum)]
+    litserve = None
+    for name, server in entry.get("servers", {}).items():
+        ready = mib_of(server.get("memory_after_warmup"))
+        rows.append((f"{name} after warm-up", ready))
+        rows.append((f"{name} peak under load", peak_mib(server)))
+        if name == "litserve":
+            litserve = ready
+    lines = [
+        "| GPU memory | MiB | ÷ raw minimum | ÷ LitServe (after warm-up) |",
+        "|---|---:|---:|---:|",
+    ]
+    for what, mib in rows:
+        lines.append(
+            f"| {what} | {fmt(mib, ',.0f')} | "
+            f"{fmt(mib / minimum if mib is not None and minimum else None, '.2f')} | "
+            f"{fmt(mib / litserve if mib is not None and litserve else None, '.2f')} |"
+        )
+    return lines
+
+
+def cpu_split(entry: dict[str, Any], concurrency: int) -> list[str]:
+    """infermux's CPU per role, per process and per executor thread at ``concurrency``."""
+    lines = []
+    for name, p in points(entry):
+        if not measured(p) or p["concurrency"] != concurrency or "cpu_roles" not in p:
+            continue
+        roles = ", ".join(
+            f"{role} {r['cores']:.2f} cores / {fmt(r['us_per_request'], ',.0f')} µs"
+            for role, r in p["cpu_roles"].items()
+        )
+        procs = ", ".join(
+            f"{q['role']} {q['pid']} {q['cores']:.2f}"
+            for q in p.get("cpu_processes", [])
+            if q["role"] == "frontend"
+        )
+        threads = ", ".join(
+            f"{t['name']} {t['cores']:.2f} / {fmt(t['us_per_request'], ',.0f')} µs"
+            for t in p.get("executor_threads", [])
+        )
+        lines.append(
+            f"- {name} {p['protocol']} c={concurrency}: per role (cores / CPU µs per request) "
+            f"{roles}"
+            + (f"; front ends one by one (cores) {procs}" if procs else "")
+            + (f"; executor threads (cores / µs per request) {threads}" if threads else "")
+            + "."
+        )
+    return lines
