@@ -222,6 +222,11 @@ def test_memory_usage_counts_shared_weights_once_and_matches_the_allocator(
 
     model = Wide()
     one_copy = sum(p.numel() * p.element_size() for p in model.parameters())
+    # torch keeps a cuBLAS workspace per stream handle for the process's life, and a new stream
+    # may get the handle of an earlier test's: its workspace would be counted, not allocated.
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is not None:
+        clear()
     torch.cuda.synchronize()
     allocated = torch.cuda.memory_allocated(0)
     instances = load(write(tmp_path, model, GRAPHS), "cuda:0", 4)
