@@ -51,7 +51,8 @@ from infermux.runtime.host_memory import HOST_MEMORY
 from infermux.types import InferRequest, RequestedOutput, Tensor
 
 from .link import Link
-from .plane import DataPlane, Ungroupable
+from .micro_batches import Ungroupable
+from .plane import DataPlane
 
 logger = logging.getLogger(__name__)
 
@@ -181,7 +182,12 @@ class ChannelServer:
             )
             if message.rows:  # a micro-batch (dataplane/grouping.py)
                 try:
-                    response = await self._plane.infer_many(request, message.rows)
+                    response = await self._plane.infer_many(
+                        request,
+                        message.rows,
+                        inputs_apart=message.inputs_apart,
+                        outputs_apart=message.outputs_apart,
+                    )
                 except Ungroupable as exc:  # its requests come back one by one
                     link.send(encode(Regroup(message.seq, str(exc))))
                     return

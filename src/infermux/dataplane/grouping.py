@@ -43,31 +43,48 @@ UNGROUPED_SECONDS = 10.0
 """How long a front end sends one by one to a model whose micro-batch was refused."""
 
 
-def group_key(request: InferRequest) -> Hashable | None:
-    """What requests must share to travel in one micro-batch (None: this one travels alone)."""
-    if request.parameters or request.trace_context or request.deadline_ns:
+def group_key(request: InferRequest) -> tuple[Hashable, ...] | None:
+    """What requests must share to travel in one micro-batch (None: this one travels alone).
+
+    Two kinds travel: requests whose inputs all carry their bytes (stacked into one block) and
+    requests whose inputs all lie in client shared memory (listed per request; the executor
+    reads each into consecutive rows). Outputs are all returned, or all placed in shared memory
+    (per request). The key's first item says which (:func:`apart`)."""
+    if request.parameters or request.trace_context or request.deadline_ns or not request.inputs:
         return None
+    in_shm = [uses_shared_memory(t.parameters) for t in request.inputs]
+    if any(in_shm) and not all(in_shm):
+        return None
+    out_shm = [uses_shared_memory(o.parameters) for o in request.outputs]
+    if any(out_shm) and not all(out_shm):
+        return None
+    rows = request.inputs[0].shape[0] if request.inputs[0].shape else 0
     inputs = []
-    for tensor in request.inputs:
-        if (
-            tensor.datatype == "BYTES"
-            or not tensor.shape
-            or tensor.shape[0] < 1
-            or uses_shared_memory(tensor.parameters)
-        ):
-            return None
-        inputs.append((tensor.name, tensor.datatype, tensor.shape[1:], _frozen(tensor.parameters)))
-    outputs = []
-    for output in request.outputs:
-        if uses_shared_memory(output.parameters):
-            return None
-        outputs.append((output.name, _frozen(output.parameters)))
-    if not inputs:
-        return None
-    rows = request.inputs[0].shape[0]
-    if any(t.shape[0] != rows for t in request.inputs):
-        return None  # refused on its own, with its own message
-    return (request.model_name, request.model_version, tuple(inputs), tuple(outputs))
+    for tensor, shm in zip(request.inputs, in_shm, strict=True):
+        if tensor.datatype == "BYTES" or not tensor.shape or tensor.shape[0] != rows or rows < 1:
+            return None  # text, a scalar, or batch sizes that disagree: refused on its own
+        inputs.append(
+            (
+                tensor.name,
+                tensor.datatype,
+                tensor.shape[1:],
+                () if shm else _frozen(tensor.parameters),
+            )
+        )
+    outputs = tuple(
+        (o.name, () if shm else _frozen(o.parameters))
+        for o, shm in zip(request.outputs, out_shm, strict=True)
+    )
+    kind = ("shm" if all(in_shm) else "bytes", "shm" if out_shm and all(out_shm) else "bytes")
+    return (kind, request.model_name, request.model_version, tuple(inputs), outputs)
+
+
+def apart(key: tuple[Hashable, ...]) -> tuple[bool, bool]:
+    """Whether a micro-batch of ``key`` lists its inputs, and its outputs, per request (they
+    lie in shared memory) rather than stacked."""
+    kind = key[0]
+    assert isinstance(kind, tuple)
+    return kind[0] == "shm", kind[1] == "shm"
 
 
 def _frozen(parameters: Parameters) -> tuple[tuple[str, object], ...]:
@@ -95,6 +112,10 @@ class Member:
 class MicroBatch:
     """Requests collected in one loop iteration; :attr:`seq` is set once it is sent."""
 
+    inputs_apart: bool = False
+    """Inputs are listed per request (shared-memory references), not stacked."""
+    outputs_apart: bool = False
+    """The answer lists outputs per request (placed in shared memory), not stacked."""
     members: list[Member] = field(default_factory=list)
     seq: int = 0
     blocks: list[Block] = field(default_factory=list)
@@ -111,7 +132,17 @@ class MicroBatch:
     def answer(
         self, model: str, version: str, outputs: list[Tensor], parameters: Parameters
     ) -> None:
-        """Give each member its rows of the stacked ``outputs``."""
+        """Give each member its rows of the stacked ``outputs`` (its own outputs, when they
+        are listed per request)."""
+        if self.outputs_apart:
+            each = len(outputs) // max(len(self.members), 1)
+            for index, member in enumerate(self.members):
+                mine = outputs[index * each : (index + 1) * each]
+                if not member.future.done():
+                    member.future.set_result(
+                        InferResponse(model, version, mine, member.request.id, dict(parameters))
+                    )
+            return
         total = sum(m.rows for m in self.members)
         for tensor in outputs:
             if not tensor.shape or tensor.shape[0] != total:

@@ -32,6 +32,7 @@ from infermux.types import (
     ModelMetadata,
     ModelStats,
     RepositoryIndexEntry,
+    RequestedOutput,
     ServerMetadata,
     SharedMemoryRegion,
     Tensor,
@@ -41,38 +42,20 @@ from infermux.types import (
 
 from .cuda_shared_memory import CudaSharedMemoryRegistry
 from .inputs import InputLimits, to_model_request
+from .micro_batches import (
+    Regions,
+    Ungroupable,
+    check_output_regions,
+    per_request,
+    place_apart,
+    stacked_request,
+    ungroupable,
+)
 from .shared_memory import SharedMemoryRegistry
 
 logger = logging.getLogger(__name__)
 
 SERVER_NAME = "infermux"
-
-
-class Ungroupable(Exception):
-    """A micro-batch (:meth:`DataPlane.infer_many`) whose requests must run one by one; the
-    message says why."""
-
-
-def _ungroupable(model: LoadedModel, policy: TrafficPolicy, rows: int) -> str:
-    """Why requests to ``model`` cannot share one queue entry ("" when they can): each must be
-    seen by the model as a request of its own, or be routed, queued, timed out and mirrored on
-    its own, or be its own execution."""
-    config = model.config
-    if not model.stacks_inputs:
-        return f"model '{config.name}' is given each request (its backend does not stack them)"
-    if policy.weights or policy.shadow is not None:
-        return f"model '{config.name}' has a traffic policy that routes each request"
-    batching = config.dynamic_batching
-    if not config.batching or batching is None:
-        return f"model '{config.name}' runs each request as its own execution"
-    if rows > config.max_batch_size:
-        return f"{rows} rows exceed model '{config.name}''s max_batch_size"
-    policies = [batching.default_queue_policy, *batching.priority_queue_policy.values()]
-    if batching.priority_levels or any(
-        p.max_queue_size or p.default_timeout_microseconds for p in policies
-    ):
-        return f"model '{config.name}' has queue priorities, bounds or timeouts per request"
-    return ""
 
 
 class DataPlane:
@@ -97,6 +80,7 @@ class DataPlane:
         self._shadows = ShadowRuns()
         self._shm = shared_memory or SharedMemoryRegistry(enabled=False)
         self._cuda = cuda_shared_memory or CudaSharedMemoryRegistry(enabled=False)
+        self._regions = Regions(self._shm, self._cuda)
         self._metadata = ServerMetadata(SERVER_NAME, version, tuple(extensions))
         self._strict = strict_readiness
         self._log_requests = log_requests  # --log-verbose 2: a log line per request
@@ -157,20 +141,51 @@ class DataPlane:
         ):
             return await self._infer(model, policy, request, started)
 
-    async def infer_many(self, request: InferRequest, rows: Sequence[int]) -> InferResponse:
+    async def infer_many(
+        self,
+        request: InferRequest,
+        rows: Sequence[int],
+        *,
+        inputs_apart: bool = False,
+        outputs_apart: bool = False,
+    ) -> InferResponse:
         """A micro-batch: ``len(rows)`` requests of ``rows[i]`` rows each, sent together with
         their inputs stacked along the first dimension, run as one request (one entry in the
         model's queue) and answered with the outputs stacked the same way. Statistics count
         each request. Raises :class:`Ungroupable` before anything runs when the requests must
-        be run one by one to keep their semantics; any other error is every request's."""
+        be run one by one to keep their semantics; any other error is every request's.
+
+        ``inputs_apart``: ``request.inputs`` lists each request's inputs in turn, references
+        to system shared memory, read here into consecutive rows of one staging block.
+        ``outputs_apart``: ``request.outputs`` lists each request's outputs in turn, placed in
+        its own regions; the response lists the placed outputs request by request."""
         started = time.perf_counter_ns()
         if TRACING.tracer is not None:
             raise Ungroupable("tracing is on: every request gets its own span")
         model, policy = self.router.route(request)
-        why = _ungroupable(model, policy, sum(rows))
+        why = ungroupable(model, policy, sum(rows))
         if why:
             raise Ungroupable(why)
-        return await self._infer(model, policy, request, started, rows)
+        if not (inputs_apart or outputs_apart):
+            return await self._infer(model, policy, request, started, rows)
+        staged: list[Block] = []
+        try:
+            regions = self._regions
+            stacked = stacked_request(request, len(rows), inputs_apart, regions, staged)
+            wanted: list[list[RequestedOutput]] = []
+            if outputs_apart:
+                wanted = per_request(request.outputs, len(rows))
+                check_output_regions(model.config, wanted, rows, regions)
+                stacked.outputs = [RequestedOutput(o.name) for o in wanted[0]]
+            response = await self._infer(model, policy, stacked, started, rows)
+            if outputs_apart:
+                response.outputs = place_apart(response.outputs, rows, wanted, regions)
+            elif staged:
+                response.outputs = self._shm.unstaged(response.outputs)
+            return response
+        finally:
+            if staged:
+                self._shm.release(staged)
 
     async def _infer(
         self,

@@ -67,6 +67,7 @@ from .grouping import (
     UNGROUPED_SECONDS,
     Member,
     MicroBatch,
+    apart,
     group_key,
     stack_into,
     stacked_bytes,
@@ -121,7 +122,7 @@ class RemoteExecutor:
         self._group_limit = group_limit  # requests per micro-batch; 0: every request alone
         self._open: dict[Hashable, MicroBatch] = {}  # collecting in this loop iteration
         self._sent: dict[int, MicroBatch] = {}  # by seq, until the executor answers
-        self._ungrouped: dict[str, float] = {}  # model -> until when it is not grouped
+        self._ungrouped: dict[Hashable, float] = {}  # (model, kind) -> until: not grouped
         self._tasks: set[asyncio.Task[None]] = set()  # micro-batches being written
         self._probes: dict[tuple[str, ...], asyncio.Future[Any]] = {}  # readiness calls in flight
         self._link: Link | None = None
@@ -228,7 +229,7 @@ class RemoteExecutor:
         link = self._require()
         if self._group_limit > 1:
             key = group_key(request)
-            if key is not None and not self._alone(request.model_name):
+            if key is not None and not self._alone((request.model_name, key[0])):
                 return await self._grouped(key, request)
         return await self._infer_one(link, request)
 
@@ -277,20 +278,20 @@ class RemoteExecutor:
 
     # -- micro-batches (dataplane/grouping.py) ----------------------------------------------------
 
-    def _alone(self, model: str) -> bool:
-        until = self._ungrouped.get(model)
+    def _alone(self, what: Hashable) -> bool:
+        until = self._ungrouped.get(what)
         if until is None:
             return False
         if time.monotonic() < until:
             return True
-        del self._ungrouped[model]
+        del self._ungrouped[what]
         return False
 
-    async def _grouped(self, key: Hashable, request: InferRequest) -> InferResponse:
+    async def _grouped(self, key: tuple[Hashable, ...], request: InferRequest) -> InferResponse:
         loop = asyncio.get_running_loop()
         batch = self._open.get(key)
         if batch is None or len(batch.members) >= self._group_limit:
-            batch = self._open[key] = MicroBatch()
+            batch = self._open[key] = MicroBatch(*apart(key))
             # Sent once this loop iteration's requests have joined it.
             loop.call_soon(self._flush, key, batch)
         member = Member(request, loop.create_future())
@@ -344,7 +345,13 @@ class RemoteExecutor:
             arena = link.endpoint.arena
             rows = [m.rows for m in members]
             inputs = []
-            for index, tensor in enumerate(first.inputs):
+            if batch.inputs_apart:  # shared-memory references: the executor reads them
+                inputs = [
+                    WireTensor(t.name, t.datatype, t.shape, t.parameters)
+                    for m in members
+                    for t in m.request.inputs
+                ]
+            for index, tensor in enumerate(() if batch.inputs_apart else first.inputs):
                 parts = [m.request.inputs[index] for m in members]
                 size = sum(stacked_bytes(t) for t in parts)
                 block = await link.allocate(size, f"input '{tensor.name}'")
@@ -372,11 +379,21 @@ class RemoteExecutor:
             return
         batch.seq = seq = next(self._seq)
         self._sent[seq] = batch
-        outputs = [(o.name, o.parameters) for o in first.outputs]
+        wanted = [m.request for m in members] if batch.outputs_apart else [first]
+        outputs = [(o.name, o.parameters) for r in wanted for o in r.outputs]
         link.send(
             encode(
                 Infer(
-                    seq, first.model_name, first.model_version, "", {}, inputs, outputs, rows=rows
+                    seq,
+                    first.model_name,
+                    first.model_version,
+                    "",
+                    {},
+                    inputs,
+                    outputs,
+                    rows=rows,
+                    inputs_apart=batch.inputs_apart,
+                    outputs_apart=batch.outputs_apart,
                 )
             )
         )
@@ -394,8 +411,12 @@ class RemoteExecutor:
         batch.blocks.clear()
         if isinstance(message, Regroup):
             logger.info("not grouping requests for a while: %s", message.why)
-            model = batch.members[0].request.model_name
-            self._ungrouped[model] = time.monotonic() + UNGROUPED_SECONDS
+            request = batch.members[0].request
+            kind = (
+                "shm" if batch.inputs_apart else "bytes",
+                "shm" if batch.outputs_apart else "bytes",
+            )
+            self._ungrouped[(request.model_name, kind)] = time.monotonic() + UNGROUPED_SECONDS
             for member in batch.live():
                 self._alone_after_all(member)
         elif isinstance(message, Failure):

@@ -165,21 +165,30 @@ class SharedMemoryRegistry:
         free, and the block is appended to ``held``: the caller gives it back with
         :meth:`release` once nothing reads the input any more (outputs that view it included,
         see :meth:`unstaged`)."""
-        what = f"input '{tensor.name}'"
-        opened, start, size = self._slice(what, tensor.parameters)
-        if tensor.datatype != "BYTES":  # refused before copying what could not be decoded
-            check_fixed_size(what, tensor, size)
-        raw = self._destination(size, held)
-        done = 0
-        while done < size:
-            try:
-                got = os.preadv(opened.fd, [raw[done:]], start + done)
-            except OSError as exc:
-                raise _inaccessible(what, opened.info, exc) from None
-            if got == 0:  # truncated between the size check and the read
-                raise _truncated(what, opened.info, start + done, start + size)
-            done += got
-        return tensor_from_bytes(tensor.name, tensor.datatype, tensor.shape, raw)
+        return self.read_stacked([tensor], held)
+
+    def read_stacked(
+        self, tensors: list[Tensor], held: list[Block] | None = None
+    ) -> npt.NDArray[np.generic]:
+        """Several requests' data of one input, each in its own region slice, copied one after
+        the other into one array (their rows stacked); ``held`` as for :meth:`read`."""
+        slices = []
+        for tensor in tensors:
+            what = f"input '{tensor.name}'"
+            opened, start, size = self._slice(what, tensor.parameters)
+            if tensor.datatype != "BYTES":  # refused before copying what could not be decoded
+                check_fixed_size(what, tensor, size)
+            slices.append((what, opened, start, size))
+        raw = self._destination(sum(size for *_, size in slices), held)
+        offset = 0
+        for what, opened, start, size in slices:
+            _read_exactly(what, opened, start, raw[offset : offset + size])
+            offset += size
+        first = tensors[0]
+        shape = first.shape
+        if len(tensors) > 1:
+            shape = (sum(t.shape[0] for t in tensors), *first.shape[1:])
+        return tensor_from_bytes(first.name, first.datatype, shape, raw)
 
     def _destination(self, size: int, held: list[Block] | None) -> memoryview:
         if held is not None and self._staging_bytes:
@@ -258,6 +267,19 @@ class SharedMemoryRegistry:
     def has(self, name: str) -> bool:
         """Whether region ``name`` is registered here."""
         return name in self._regions
+
+
+def _read_exactly(what: str, opened: _Opened, start: int, target: memoryview) -> None:
+    """Fill ``target`` from the region's object at ``start`` (preadv, no mapping)."""
+    size, done = len(target), 0
+    while done < size:
+        try:
+            got = os.preadv(opened.fd, [target[done:]], start + done)
+        except OSError as exc:
+            raise _inaccessible(what, opened.info, exc) from None
+        if got == 0:  # truncated between the size check and the read
+            raise _truncated(what, opened.info, start + done, start + size)
+        done += got
 
 
 def check_region_count(name: str, held: int, limit: int) -> None:

@@ -68,6 +68,12 @@ class Infer(msgspec.Struct, array_like=True, tag=1):
     along the first dimension of every input in one block, answered by one :class:`Answer`
     whose outputs are stacked the same way (or one :class:`Failure` for all), or by
     :class:`Regroup` when the executor will not run them together."""
+    inputs_apart: bool = False
+    """A micro-batch whose ``inputs`` are listed request by request (``len(rows)`` times the
+    model's inputs: shared-memory references, read by the executor into consecutive rows)."""
+    outputs_apart: bool = False
+    """A micro-batch whose ``outputs`` are listed request by request (each request's regions);
+    its :class:`Answer` lists the placed outputs request by request too."""
 
 
 class Call(msgspec.Struct, array_like=True, tag=2):

@@ -9,8 +9,10 @@ given each request, so its micro-batches are refused and sent one by one).
 from __future__ import annotations
 
 import asyncio
+import uuid
 import warnings
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from multiprocessing import shared_memory
 from pathlib import Path
 from typing import Any
 
@@ -24,11 +26,13 @@ from infermux.dataplane.channel_server import ChannelServer
 from infermux.dataplane.executors import RemoteDataPlane
 from infermux.dataplane.grouping import group_key
 from infermux.dataplane.remote import RemoteExecutor
+from infermux.dataplane.shared_memory import SharedMemoryRegistry
 from infermux.errors import ErrorCode, InfermuxError
 from infermux.ipc import Channel
 from infermux.repository import ControlMode, ModelRepository
 from infermux.types import (
     SHM_BYTE_SIZE,
+    SHM_OFFSET,
     SHM_REGION,
     InferRequest,
     RequestedOutput,
@@ -63,11 +67,13 @@ class Ends:
     def __init__(self, plane: DataPlane, remote: RemoteDataPlane) -> None:
         self.plane, self.remote = plane, remote
         self.groups: list[list[int]] = []  # the rows of every micro-batch the executor ran
+        self.apart: list[dict[str, bool]] = []
         run = plane.infer_many
 
-        async def counted(request: InferRequest, rows: Any) -> Any:
+        async def counted(request: InferRequest, rows: Any, **kwargs: bool) -> Any:
             self.groups.append(list(rows))
-            return await run(request, rows)
+            self.apart.append(kwargs)
+            return await run(request, rows, **kwargs)
 
         plane.infer_many = counted  # type: ignore[method-assign]
 
@@ -81,6 +87,14 @@ class Ends:
 
 
 @pytest.fixture
+def segment() -> Iterator[shared_memory.SharedMemory]:
+    block = shared_memory.SharedMemory(name=f"imx_{uuid.uuid4().hex[:8]}", create=True, size=4096)
+    yield block
+    block.close()
+    block.unlink()
+
+
+@pytest.fixture
 async def ends(tmp_path: Path) -> AsyncIterator[Ends]:
     write_plus_one(tmp_path / "repo")
     write_model(tmp_path / "repo", "identity", dims="[ 4 ]")
@@ -88,7 +102,7 @@ async def ends(tmp_path: Path) -> AsyncIterator[Ends]:
         [tmp_path / "repo"], BackendRegistry(), control_mode=ControlMode.NONE
     )
     await repository.start()
-    plane = DataPlane(repository, version="test")
+    plane = DataPlane(repository, version="test", shared_memory=SharedMemoryRegistry(enabled=True))
     channel = Channel(tmp_path, ring_bytes=256 * 1024, arena_bytes=4 * 1024 * 1024)
     server = ChannelServer(plane)
     server.attach(channel.spec)
@@ -142,7 +156,7 @@ async def test_a_model_given_each_request_refuses_micro_batches_and_its_requests
     answers = await asyncio.gather(*(ends.remote.infer(request("identity", i)) for i in range(8)))
     assert [values(a)[0][0] for a in answers] == list(range(8))
     assert len(ends.groups) == 1  # refused once ...
-    assert ends.executor._alone("identity")  # ... then sent one by one for a while
+    assert ends.executor._alone(("identity", ("bytes", "bytes")))  # ... then one by one
     await asyncio.gather(*(ends.remote.infer(request("identity", i)) for i in range(8)))
     assert len(ends.groups) == 1
     stats = await ends.stats("identity")
@@ -185,8 +199,78 @@ def test_only_requests_with_nothing_of_their_own_to_say_are_grouped() -> None:
     assert group_key(request("plus_one", 1.0, trace_context={"traceparent": "x"})) is None
     shm = request("plus_one", 1.0)
     shm.inputs[0].parameters = {SHM_REGION: "r", SHM_BYTE_SIZE: 16}
-    assert group_key(shm) is None
+    other = request("plus_one", 1.0)
+    other.inputs[0].parameters = {SHM_REGION: "s", SHM_BYTE_SIZE: 16}
+    shm_key = group_key(shm)
+    assert shm_key is not None
+    assert shm_key == group_key(other)  # regions are per request: listed, not compared
+    assert shm_key != group_key(plain)
+    mixed = InferRequest(
+        "m",
+        "",
+        [shm.inputs[0], Tensor("B", "FP32", (1, 4), np.zeros((1, 4), np.float32))],
+    )
+    assert group_key(mixed) is None  # some inputs in shared memory, some not
     wants = request("plus_one", 1.0, outputs=[RequestedOutput("OUTPUT__0")])
     assert group_key(wants) != group_key(plain)
     text = InferRequest("t", "", [Tensor("X", "BYTES", (1,), np.array([b"a"], dtype=np.object_))])
     assert group_key(text) is None
+
+
+def floats(segment: shared_memory.SharedMemory) -> np.ndarray:
+    buf = segment.buf
+    assert buf is not None
+    return np.frombuffer(buf, np.float32)
+
+
+def in_shm(region: str, index: int) -> dict[str, Any]:
+    return {SHM_REGION: region, SHM_BYTE_SIZE: 16, SHM_OFFSET: index * 16}
+
+
+async def test_shared_memory_requests_travel_together_each_read_and_written_in_its_region(
+    ends: Ends, segment: shared_memory.SharedMemory
+) -> None:
+    await ends.remote.shm_register("in", segment.name, 0, 1024)
+    await ends.remote.shm_register("out", segment.name, 1024, 1024)
+    data = floats(segment)
+    for i in range(12):
+        data[i * 4 : i * 4 + 4] = i
+    requests = []
+    for i in range(12):
+        r = request("plus_one", 0.0, outputs=[RequestedOutput("OUTPUT__0", in_shm("out", i))])
+        r.inputs[0].parameters = in_shm("in", i)
+        requests.append(r)
+    answers = await asyncio.gather(*(ends.remote.infer(r) for r in requests))
+    for i, answer in enumerate(answers):
+        (out,) = answer.outputs
+        assert out.parameters[SHM_REGION] == "out"
+        assert out.parameters[SHM_OFFSET] == i * 16
+        assert data[256 + i * 4 : 256 + i * 4 + 4].tolist() == [i + 1.0] * 4
+    assert max(len(g) for g in ends.groups) > 1
+    assert {tuple(sorted(k.items())) for k in ends.apart} == {
+        (("inputs_apart", True), ("outputs_apart", True))
+    }
+    stats = await ends.stats("plus_one")
+    assert stats.inference_stats["success"].count == 12
+
+
+async def test_one_bad_shared_memory_request_fails_alone(
+    ends: Ends, segment: shared_memory.SharedMemory
+) -> None:
+    await ends.remote.shm_register("in", segment.name, 0, 1024)
+    requests = []
+    for i in range(6):
+        r = request("plus_one", 0.0)
+        r.inputs[0].parameters = in_shm("in", i)
+        requests.append(r)
+    requests[2].inputs[0].parameters[SHM_BYTE_SIZE] = 12  # the model's rows need 16 bytes
+    results = await asyncio.gather(
+        *(ends.remote.infer(r) for r in requests), return_exceptions=True
+    )
+    assert isinstance(results[2], InfermuxError)
+    assert results[2].code is ErrorCode.INVALID_ARG
+    assert "byte size is 12" in results[2].message
+    assert all(not isinstance(r, BaseException) for i, r in enumerate(results) if i != 2)
+    stats = await ends.stats("plus_one")
+    assert stats.inference_stats["success"].count == 5
+    assert stats.inference_stats["fail"].count == 1

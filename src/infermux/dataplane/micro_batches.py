@@ -1,0 +1,146 @@
+"""Micro-batches on the executor's side: the checks that let requests sent together run as one,
+and the shared-memory reads and writes that keep each request's own regions.
+
+The front end's side (what travels together, and how the answer is cut back) is
+:mod:`~infermux.dataplane.grouping`; :meth:`~infermux.dataplane.plane.DataPlane.infer_many` runs
+a micro-batch with these.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+from infermux.errors import InfermuxError, InternalError
+from infermux.ipc.arena import Block
+from infermux.model_config import ModelConfig
+from infermux.repository import LoadedModel
+from infermux.routing import TrafficPolicy
+from infermux.types import (
+    SHM_BYTE_SIZE,
+    SHM_REGION,
+    InferRequest,
+    RequestedOutput,
+    Tensor,
+    numpy_dtype,
+)
+
+from .cuda_shared_memory import CudaSharedMemoryRegistry
+from .shared_memory import SharedMemoryRegistry
+
+
+@dataclass(frozen=True, slots=True)
+class Regions:
+    """The data plane's shared-memory registries, system and CUDA."""
+
+    shm: SharedMemoryRegistry
+    cuda: CudaSharedMemoryRegistry
+
+
+class Ungroupable(Exception):
+    """A micro-batch (:meth:`DataPlane.infer_many`) whose requests must run one by one; the
+    message says why."""
+
+
+T = TypeVar("T")
+
+
+def per_request(items: list[T], count: int) -> list[list[T]]:
+    """``items`` listed request by request (as many for each), cut into ``count`` lists."""
+    each = len(items) // count
+    if each == 0 or each * count != len(items):
+        raise InternalError(f"a micro-batch of {count} requests listed {len(items)} tensors")
+    return [items[i * each : (i + 1) * each] for i in range(count)]
+
+
+def ungroupable(model: LoadedModel, policy: TrafficPolicy, rows: int) -> str:
+    """Why requests to ``model`` cannot share one queue entry ("" when they can): each must be
+    seen by the model as a request of its own, or be routed, queued, timed out and mirrored on
+    its own, or be its own execution."""
+    config = model.config
+    if not model.stacks_inputs:
+        return f"model '{config.name}' is given each request (its backend does not stack them)"
+    if policy.weights or policy.shadow is not None:
+        return f"model '{config.name}' has a traffic policy that routes each request"
+    batching = config.dynamic_batching
+    if not config.batching or batching is None:
+        return f"model '{config.name}' runs each request as its own execution"
+    if rows > config.max_batch_size:
+        return f"{rows} rows exceed model '{config.name}''s max_batch_size"
+    policies = [batching.default_queue_policy, *batching.priority_queue_policy.values()]
+    if batching.priority_levels or any(
+        p.max_queue_size or p.default_timeout_microseconds for p in policies
+    ):
+        return f"model '{config.name}' has queue priorities, bounds or timeouts per request"
+    return ""
+
+
+def stacked_request(
+    request: InferRequest, count: int, inputs_apart: bool, regions: Regions, staged: list[Block]
+) -> InferRequest:
+    """``request`` with each input's per-request shared-memory parts read into one array."""
+    if not inputs_apart:
+        return InferRequest(request.model_name, request.model_version, request.inputs)
+    parts = per_request(request.inputs, count)
+    inputs = []
+    for index, first in enumerate(parts[0]):
+        tensors = [p[index] for p in parts]
+        if any(regions.cuda.has(str(t.parameters.get(SHM_REGION, ""))) for t in tensors):
+            raise Ungroupable("CUDA shared-memory inputs are read request by request")
+        try:
+            data = regions.shm.read_stacked(tensors, staged)
+        except InfermuxError as exc:  # one request's mistake must be its own
+            raise Ungroupable(f"a request's input cannot be read: {exc.message}") from None
+        inputs.append(Tensor(first.name, first.datatype, data.shape, data))
+    return InferRequest(request.model_name, request.model_version, inputs)
+
+
+def check_output_regions(
+    config: ModelConfig,
+    wanted: list[list[RequestedOutput]],
+    rows: Sequence[int],
+    regions: Regions,
+) -> None:
+    """Each request's output regions are registered and, where the config fixes the
+    output's size, large enough; otherwise it must fail on its own."""
+    for mine_wanted, count in zip(wanted, rows, strict=True):
+        for output in mine_wanted:
+            region = str(output.parameters.get(SHM_REGION, ""))
+            spec = config.output(output.name)
+            if spec is None or not (regions.shm.has(region) or regions.cuda.has(region)):
+                raise Ungroupable(f"output '{output.name}' of a request cannot be placed")
+            dims = spec.reshape if spec.reshape is not None else spec.dims
+            if spec.datatype != "BYTES" and all(d > 0 for d in dims):
+                need = count * math.prod(dims) * numpy_dtype(spec.datatype).itemsize
+                size = output.parameters.get(SHM_BYTE_SIZE)
+                if not isinstance(size, int) or size < need:
+                    raise Ungroupable(f"output '{output.name}' of a request does not fit")
+
+
+def place_apart(
+    outputs: list[Tensor],
+    rows: Sequence[int],
+    wanted: list[list[RequestedOutput]],
+    regions: Regions,
+) -> list[Tensor]:
+    """Each request's rows of the stacked ``outputs``, written into its own regions."""
+    placed = []
+    start = 0
+    for mine_wanted, count in zip(wanted, rows, strict=True):
+        by_name = {o.name: o.parameters for o in mine_wanted}
+        for tensor in outputs:
+            mine = Tensor(
+                tensor.name,
+                tensor.datatype,
+                (count, *tensor.shape[1:]),
+                tensor.data[start : start + count],
+            )
+            parameters = by_name[tensor.name]
+            if regions.cuda.has(str(parameters.get(SHM_REGION, ""))):
+                placed.append(regions.cuda.write(mine, parameters))
+            else:
+                placed.append(regions.shm.write(mine, parameters))
+        start += count
+    return placed
