@@ -9,12 +9,12 @@ work is per micro-batch, and the front ends, of which there are several, do the 
 
 Requests are grouped only when nothing about them needs the executor to treat them apart: the
 same model, version, input names, datatypes and shapes past the first dimension, the same
-outputs asked for, no request parameters (priorities, timeouts, sequence ids), no deadline, no
-trace context, no shared-memory tensors. The executor refuses a micro-batch (a
-:class:`~infermux.ipc.wire.Regroup`) whose model routes, queues or executes each request on its
-own; the front end then sends its requests one by one and does not group for that model for a
-while. Everything else about the group (an error, the model being unloaded) is every member's,
-as it would be for requests that share a batch.
+outputs asked for, no request parameters that matter (priorities, timeouts, sequence ids), no
+deadline, no trace context; shared-memory tensors travel as references, one list per request.
+The executor refuses a micro-batch (a :class:`~infermux.ipc.wire.Regroup`) whose model routes,
+queues or executes each request on its own; the front end then sends its requests one by one
+and does not group for that model for a while. Everything else about the group (an error, the
+model being unloaded) is every member's, as it would be for requests that share a batch.
 """
 
 from __future__ import annotations
@@ -39,6 +39,19 @@ from infermux.types import (
 GROUP_LIMIT = 64
 """Requests per micro-batch (the executor's model batches further, up to its max_batch_size)."""
 
+GATHER_ROUNDS = 4
+"""Loop iterations a micro-batch's first request waits at most for others (while it grows)..."""
+
+GATHER_BUSY = 4
+"""... when at least this many requests or micro-batches are in flight to the executor; one
+iteration otherwise, so that an idle server adds no wait."""
+
+INERT_PARAMETERS = frozenset({"triton_enable_empty_final_response"})
+"""Request parameters that change nothing about how a request is queued, routed or run (Triton's
+clients, perf_analyzer among them, send this one with every gRPC request, for streams): requests
+carrying only these, alike, still travel together. Any other parameter (priority, timeout,
+sequence ids, a routing key, one for the model) keeps a request on its own."""
+
 UNGROUPED_SECONDS = 10.0
 """How long a front end sends one by one to a model whose micro-batch was refused."""
 
@@ -50,7 +63,9 @@ def group_key(request: InferRequest) -> tuple[Hashable, ...] | None:
     requests whose inputs all lie in client shared memory (listed per request; the executor
     reads each into consecutive rows). Outputs are all returned, or all placed in shared memory
     (per request). The key's first item says which (:func:`apart`)."""
-    if request.parameters or request.trace_context or request.deadline_ns or not request.inputs:
+    if request.trace_context or request.deadline_ns or not request.inputs:
+        return None
+    if any(key not in INERT_PARAMETERS for key in request.parameters):
         return None
     in_shm = [uses_shared_memory(t.parameters) for t in request.inputs]
     if any(in_shm) and not all(in_shm):
@@ -76,7 +91,8 @@ def group_key(request: InferRequest) -> tuple[Hashable, ...] | None:
         for o, shm in zip(request.outputs, out_shm, strict=True)
     )
     kind = ("shm" if all(in_shm) else "bytes", "shm" if out_shm and all(out_shm) else "bytes")
-    return (kind, request.model_name, request.model_version, tuple(inputs), outputs)
+    parameters = _frozen(request.parameters)
+    return (kind, request.model_name, request.model_version, tuple(inputs), outputs, parameters)
 
 
 def apart(key: tuple[Hashable, ...]) -> tuple[bool, bool]:

@@ -63,6 +63,8 @@ from infermux.types import (
 )
 
 from .grouping import (
+    GATHER_BUSY,
+    GATHER_ROUNDS,
     GROUP_LIMIT,
     UNGROUPED_SECONDS,
     Member,
@@ -289,13 +291,52 @@ class RemoteExecutor:
 
     async def _grouped(self, key: tuple[Hashable, ...], request: InferRequest) -> InferResponse:
         loop = asyncio.get_running_loop()
-        batch = self._open.get(key)
-        if batch is None or len(batch.members) >= self._group_limit:
-            batch = self._open[key] = MicroBatch(*apart(key))
-            # Sent once this loop iteration's requests have joined it.
-            loop.call_soon(self._flush, key, batch)
         member = Member(request, loop.create_future())
+        batch = self._open.get(key)
+        if batch is not None and len(batch.members) < self._group_limit:
+            batch.members.append(member)
+            return await self._answer_of(batch, member)
+        # The first request of a micro-batch leads it: it waits while others join, then sends.
+        batch = self._open[key] = MicroBatch(*apart(key))
         batch.members.append(member)
+        try:
+            await self._gather(batch)
+        except asyncio.CancelledError:
+            member.future.cancel()
+            self._close_batch(key, batch)
+            self._send_live(batch)  # those who joined still go
+            raise
+        self._close_batch(key, batch)
+        if len(batch.live()) == 1:  # alone after all: sent as it always was
+            return await self._infer_one(self._require(), request)
+        self._send_live(batch)
+        return await self._answer_of(batch, member)
+
+    async def _gather(self, batch: MicroBatch) -> None:
+        """Let the requests of this loop iteration join ``batch``; under load (requests in
+        flight to the executor), a few iterations more while it keeps growing. gRPC hands each
+        call to the loop in an iteration of its own, so one iteration would rarely find a
+        second request; while the executor is busy anyway the wait costs nothing it would not."""
+        busy = len(self._pending) + len(self._sent) >= GATHER_BUSY
+        for round_ in range(GATHER_ROUNDS if busy else 1):
+            size = len(batch.members)
+            await asyncio.sleep(0)  # one loop iteration
+            if len(batch.members) >= self._group_limit or (round_ and len(batch.members) == size):
+                return
+
+    def _close_batch(self, key: Hashable, batch: MicroBatch) -> None:
+        if self._open.get(key) is batch:
+            del self._open[key]
+
+    def _send_live(self, batch: MicroBatch) -> None:
+        live = batch.live()
+        if len(live) == 1:
+            self._alone_after_all(live[0])
+        elif live:
+            batch.members = live
+            self._keep(asyncio.ensure_future(self._send_batch(batch)))
+
+    async def _answer_of(self, batch: MicroBatch, member: Member) -> InferResponse:
         try:
             return await member.future
         except asyncio.CancelledError:
@@ -306,16 +347,6 @@ class RemoteExecutor:
                 batch.cancel_sent = True  # nobody waits: let it leave the model's queue
                 link.send(encode(Cancel(batch.seq)))
             raise
-
-    def _flush(self, key: Hashable, batch: MicroBatch) -> None:
-        if self._open.get(key) is batch:
-            del self._open[key]
-        live = batch.live()
-        if len(live) == 1:
-            self._alone_after_all(live[0])
-        elif live:
-            batch.members = live
-            self._keep(asyncio.ensure_future(self._send_batch(batch)))
 
     def _keep(self, task: asyncio.Task[None]) -> None:
         """Hold a reference to ``task`` until it ends (the loop keeps only weak ones)."""
@@ -388,7 +419,7 @@ class RemoteExecutor:
                     first.model_name,
                     first.model_version,
                     "",
-                    {},
+                    first.parameters,  # alike in every member (the group's key)
                     inputs,
                     outputs,
                     rows=rows,

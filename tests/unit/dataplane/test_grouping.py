@@ -195,6 +195,13 @@ def test_only_requests_with_nothing_of_their_own_to_say_are_grouped() -> None:
     assert group_key(plain) == group_key(request("plus_one", 5.0))
     assert group_key(plain) != group_key(request("identity", 1.0))
     assert group_key(request("plus_one", 1.0, parameters={"priority": 1})) is None
+    # Triton's gRPC clients (perf_analyzer too) send this with every request: it changes nothing.
+    inert = request("plus_one", 1.0, parameters={"triton_enable_empty_final_response": True})
+    assert group_key(inert) is not None
+    assert group_key(inert) == group_key(
+        request("plus_one", 2.0, parameters={"triton_enable_empty_final_response": True})
+    )
+    assert group_key(inert) != group_key(plain)
     assert group_key(request("plus_one", 1.0, deadline_ns=5)) is None
     assert group_key(request("plus_one", 1.0, trace_context={"traceparent": "x"})) is None
     shm = request("plus_one", 1.0)
