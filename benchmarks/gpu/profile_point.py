@@ -171,11 +171,25 @@ def run_protocol(args: argparse.Namespace, proto: str) -> dict[str, Any]:
         t0 = time.monotonic()
         spies = [
             subprocess.Popen(
-                [args.py_spy, "record", "--threads", "--nonblocking", "-r", "100", "-d",
-                 str(max(1, int(args.window))), "-f", "raw", "-o", str(args.out / f"spy_{proto}_{pid}.txt"),
-                 "-p", str(pid)],
-                stdout=subprocess.DEVNULL, stderr=open(args.out / f"spy_{proto}_{pid}.err", "w"),
-            )  # fmt: skip
+                [
+                    args.py_spy,
+                    "record",
+                    "--threads",
+                    "--nonblocking",
+                    "-r",
+                    "100",
+                    "-d",
+                    str(max(1, int(args.window))),
+                    "-f",
+                    "raw",
+                    "-o",
+                    str(args.out / f"spy_{proto}_{pid}.txt"),
+                    "-p",
+                    str(pid),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=open(args.out / f"spy_{proto}_{pid}.err", "w"),
+            )
             for pid in pids
             if roles[pid] in ("executor", "frontend", "supervisor") and args.profile
         ]
