@@ -8,6 +8,7 @@ import contextlib
 import threading
 import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -25,7 +26,7 @@ from infermux.runtime.host_memory import HOST_MEMORY
 from infermux.scheduling import DynamicBatcher
 from infermux.statistics import ModelStatistics
 from infermux.types import DeviceArray, Tensor
-from tests.gpu.torch_models import WIDTH, Wide, close, load, rows, run, write
+from tests.gpu.torch_models import Wide, close, load, rows, run, write
 
 pytestmark = [
     pytest.mark.gpu,
@@ -39,6 +40,17 @@ def finish(request: ModelRequest, result: ExecuteResult) -> list[Tensor]:
     assert isinstance(result, dict)
     y = np.asarray(result["OUTPUT__0"])
     return [Tensor("OUTPUT__0", "FP32", y.shape, y)]
+
+
+def assert_answers_as(eager: PyTorchInstance, inputs: list[Any], done: list[Any]) -> None:
+    """Each completion's output is what the eager instance answers to its input."""
+    for x, completion in zip(inputs, done, strict=True):
+        np.testing.assert_allclose(
+            np.asarray(completion.outputs[0].data, dtype=np.float32),
+            run(eager, x),
+            rtol=1e-4,
+            atol=1e-5,
+        )
 
 
 def instance_threads() -> list[str]:
@@ -61,13 +73,7 @@ async def test_launched_replays_answer_as_eager_with_no_instance_thread(tmp_path
         done = await asyncio.gather(
             *(batcher.submit(ModelRequest({"INPUT__0": x}, ("OUTPUT__0",))) for x in inputs)
         )
-        for x, completion in zip(inputs, done, strict=True):
-            np.testing.assert_allclose(
-                np.asarray(completion.outputs[0].data, dtype=np.float32),
-                run(eager, x),
-                rtol=1e-4,
-                atol=1e-5,
-            )
+        assert_answers_as(eager, inputs, done)
         replays = sum(i.gpu.replays for i in graphed if i.gpu is not None)
         assert replays >= 200 // 8  # every batch replayed a graph
         assert COMPLETIONS.wakeups > wakeups
@@ -102,15 +108,8 @@ async def test_no_device_allocations_in_launched_batches(tmp_path: Path) -> None
         await batcher.close()
 
 
-class Slow(torch.nn.Module):
+class Slow(Wide):
     """Hundreds of milliseconds of matrix products per batch: an execution timeout's victim."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.up = torch.nn.Linear(WIDTH, 4096)
-        self.square = torch.nn.Linear(4096, 4096)
-        self.down = torch.nn.Linear(4096, 8)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = torch.relu(self.up(x)).repeat(256, 1)  # 256 x rows of 4096: ~20 ms per row
@@ -192,13 +191,7 @@ async def test_pinned_host_and_device_inputs_are_copied_where_they_lie(tmp_path:
             requests.append(ModelRequest({"INPUT__0": view.reshape(x.shape)}, ("OUTPUT__0",)))
         torch.cuda.synchronize()
         done = await asyncio.gather(*(batcher.submit(r) for r in requests))
-        for x, completion in zip(inputs, done, strict=True):
-            np.testing.assert_allclose(
-                np.asarray(completion.outputs[0].data, dtype=np.float32),
-                run(eager, x),
-                rtol=1e-4,
-                atol=1e-5,
-            )
+        assert_answers_as(eager, inputs, done)
         assert HOST_MEMORY.pinned_bytes >= arena.size  # registered for the direct copies
     finally:
         await batcher.close()

@@ -23,8 +23,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,7 +42,6 @@ from infermux.ipc.wire import (
     Regroup,
     Release,
     Result,
-    WireTensor,
     encode,
     raise_failure,
     read_tensor,
@@ -62,19 +60,9 @@ from infermux.types import (
     SharedMemoryRegion,
 )
 
-from .grouping import (
-    GATHER_BUSY,
-    GATHER_ROUNDS,
-    GROUP_LIMIT,
-    UNGROUPED_SECONDS,
-    Member,
-    MicroBatch,
-    apart,
-    group_key,
-    stack_into,
-    stacked_bytes,
-)
+from .grouping import GROUP_LIMIT
 from .link import Link
+from .micro_batcher import MicroBatcher
 
 logger = logging.getLogger(__name__)
 
@@ -121,11 +109,7 @@ class RemoteExecutor:
     ) -> None:
         self._metadata = metadata
         self._ready_timeout_s = ready_timeout_s
-        self._group_limit = group_limit  # requests per micro-batch; 0: every request alone
-        self._open: dict[Hashable, MicroBatch] = {}  # collecting in this loop iteration
-        self._sent: dict[int, MicroBatch] = {}  # by seq, until the executor answers
-        self._ungrouped: dict[Hashable, float] = {}  # (model, kind) -> until: not grouped
-        self._tasks: set[asyncio.Task[None]] = set()  # micro-batches being written
+        self._batches = MicroBatcher(self, group_limit)
         self._probes: dict[tuple[str, ...], asyncio.Future[Any]] = {}  # readiness calls in flight
         self._link: Link | None = None
         self._pending: dict[int, _Pending] = {}
@@ -163,21 +147,29 @@ class RemoteExecutor:
         self._why_detached = why
         link, self._link = self._link, None
         pending, self._pending = self._pending, {}
-        sent, self._sent = self._sent, {}
         self._released.clear()
+        self._batches.fail_all(UnavailableError(why))
         for entry in pending.values():
             if not entry.future.done():
                 entry.future.set_exception(UnavailableError(why))
-        for batch in sent.values():
-            for member in batch.members:
-                member.fail(UnavailableError(why))
         if link is not None:
             link.close()
+
+    @property
+    def link(self) -> Link | None:
+        return self._link
+
+    def next_seq(self) -> int:
+        return next(self._seq)
+
+    def in_flight(self) -> int:
+        """Requests and micro-batches sent and not answered yet."""
+        return len(self._pending) + self._batches.sent
 
     def begin_shutdown(self) -> None:
         self._shutting_down = True
 
-    def _require(self) -> Link:
+    def require(self) -> Link:
         if self._link is None:
             raise UnavailableError(f"not ready: {self._why_detached}")
         return self._link
@@ -190,9 +182,7 @@ class RemoteExecutor:
             return
         for frame in frames:
             message = to_frontend(frame)
-            batch = self._sent.pop(message.seq, None)
-            if batch is not None:
-                self._batch_answered(link, batch, message)
+            if self._batches.answered(link, message):
                 continue
             entry = self._pending.pop(message.seq, None)
             if entry is None:
@@ -203,7 +193,7 @@ class RemoteExecutor:
                 link.release(block)
             if entry.future.done():  # the client gave up; its answer's blocks are free now
                 if isinstance(message, Answer):
-                    self._free(link, [o.offset for o in message.outputs])
+                    self.free(link, [o.offset for o in message.outputs])
                 continue
             if isinstance(message, Failure):
                 entry.future.set_exception(raise_failure(message))
@@ -212,7 +202,7 @@ class RemoteExecutor:
             else:
                 entry.future.set_result(message)
 
-    def _free(self, link: Link, offsets: list[int]) -> None:
+    def free(self, link: Link, offsets: list[int]) -> None:
         taken = [o for o in offsets if o != NO_DATA]
         if not taken:
             return
@@ -228,14 +218,13 @@ class RemoteExecutor:
     # -- inference --------------------------------------------------------------------------------
 
     async def infer(self, request: InferRequest) -> InferResponse:
-        link = self._require()
-        if self._group_limit > 1:
-            key = group_key(request)
-            if key is not None and not self._alone((request.model_name, key[0])):
-                return await self._grouped(key, request)
-        return await self._infer_one(link, request)
+        link = self.require()
+        key = self._batches.key(request)
+        if key is not None:
+            return await self._batches.infer(key, request)
+        return await self.infer_one(link, request)
 
-    async def _infer_one(self, link: Link, request: InferRequest) -> InferResponse:
+    async def infer_one(self, link: Link, request: InferRequest) -> InferResponse:
         entry = _Pending(asyncio.get_running_loop().create_future())
         inputs = []
         try:
@@ -275,193 +264,8 @@ class RemoteExecutor:
         try:
             outputs = [read_tensor(link.endpoint.peer_arena, o, copy=True) for o in answer.outputs]
         finally:
-            self._free(link, [o.offset for o in answer.outputs])
+            self.free(link, [o.offset for o in answer.outputs])
         return InferResponse(answer.model, answer.version, outputs, answer.id, answer.parameters)
-
-    # -- micro-batches (dataplane/grouping.py) ----------------------------------------------------
-
-    def _alone(self, what: Hashable) -> bool:
-        until = self._ungrouped.get(what)
-        if until is None:
-            return False
-        if time.monotonic() < until:
-            return True
-        del self._ungrouped[what]
-        return False
-
-    async def _grouped(self, key: tuple[Hashable, ...], request: InferRequest) -> InferResponse:
-        loop = asyncio.get_running_loop()
-        member = Member(request, loop.create_future())
-        batch = self._open.get(key)
-        if batch is not None and len(batch.members) < self._group_limit:
-            batch.members.append(member)
-            return await self._answer_of(batch, member)
-        # The first request of a micro-batch leads it: it waits while others join, then sends.
-        batch = self._open[key] = MicroBatch(*apart(key))
-        batch.members.append(member)
-        try:
-            await self._gather(batch)
-        except asyncio.CancelledError:
-            member.future.cancel()
-            self._close_batch(key, batch)
-            self._send_live(batch)  # those who joined still go
-            raise
-        self._close_batch(key, batch)
-        if len(batch.live()) == 1:  # alone after all: sent as it always was
-            return await self._infer_one(self._require(), request)
-        self._send_live(batch)
-        return await self._answer_of(batch, member)
-
-    async def _gather(self, batch: MicroBatch) -> None:
-        """Let the requests of this loop iteration join ``batch``; under load (requests in
-        flight to the executor), a few iterations more while it keeps growing. gRPC hands each
-        call to the loop in an iteration of its own, so one iteration would rarely find a
-        second request; while the executor is busy anyway the wait costs nothing it would not."""
-        busy = len(self._pending) + len(self._sent) >= GATHER_BUSY
-        for round_ in range(GATHER_ROUNDS if busy else 1):
-            size = len(batch.members)
-            await asyncio.sleep(0)  # one loop iteration
-            if len(batch.members) >= self._group_limit or (round_ and len(batch.members) == size):
-                return
-
-    def _close_batch(self, key: Hashable, batch: MicroBatch) -> None:
-        if self._open.get(key) is batch:
-            del self._open[key]
-
-    def _send_live(self, batch: MicroBatch) -> None:
-        live = batch.live()
-        if len(live) == 1:
-            self._alone_after_all(live[0])
-        elif live:
-            batch.members = live
-            self._keep(asyncio.ensure_future(self._send_batch(batch)))
-
-    async def _answer_of(self, batch: MicroBatch, member: Member) -> InferResponse:
-        try:
-            return await member.future
-        except asyncio.CancelledError:
-            if member.task is not None:
-                member.task.cancel()
-            link = self._link
-            if batch.seq and not batch.cancel_sent and batch.abandoned() and link is not None:
-                batch.cancel_sent = True  # nobody waits: let it leave the model's queue
-                link.send(encode(Cancel(batch.seq)))
-            raise
-
-    def _keep(self, task: asyncio.Task[None]) -> None:
-        """Hold a reference to ``task`` until it ends (the loop keeps only weak ones)."""
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    def _alone_after_all(self, member: Member) -> None:
-        """Send ``member`` on its own, its caller still awaiting its future."""
-
-        async def forward() -> None:
-            try:
-                response = await self._infer_one(self._require(), member.request)
-            except Exception as exc:
-                member.fail(exc)
-                return
-            if not member.future.done():
-                member.future.set_result(response)
-
-        member.task = asyncio.ensure_future(forward())
-        self._keep(member.task)
-
-    async def _send_batch(self, batch: MicroBatch) -> None:
-        members = batch.members
-        first = members[0].request
-        try:
-            link = self._require()
-            arena = link.endpoint.arena
-            rows = [m.rows for m in members]
-            inputs = []
-            if batch.inputs_apart:  # shared-memory references: the executor reads them
-                inputs = [
-                    WireTensor(t.name, t.datatype, t.shape, t.parameters)
-                    for m in members
-                    for t in m.request.inputs
-                ]
-            for index, tensor in enumerate(() if batch.inputs_apart else first.inputs):
-                parts = [m.request.inputs[index] for m in members]
-                size = sum(stacked_bytes(t) for t in parts)
-                block = await link.allocate(size, f"input '{tensor.name}'")
-                batch.blocks.append(block)
-                view = arena.buffer(block.offset, block.size)
-                try:
-                    stack_into(view, parts)
-                finally:
-                    view.release()
-                shape = (sum(rows), *tensor.shape[1:])
-                inputs.append(
-                    WireTensor(
-                        tensor.name, tensor.datatype, shape, tensor.parameters, block.offset, size
-                    )
-                )
-            if link.closed:  # detached while waiting for arena space
-                raise UnavailableError(f"not ready: {self._why_detached}")
-        except BaseException as exc:
-            for block in batch.blocks:
-                self._link_release(block)
-            for member in members:
-                member.fail(exc if isinstance(exc, Exception) else UnavailableError(str(exc)))
-            if not isinstance(exc, Exception):
-                raise
-            return
-        batch.seq = seq = next(self._seq)
-        self._sent[seq] = batch
-        wanted = [m.request for m in members] if batch.outputs_apart else [first]
-        outputs = [(o.name, o.parameters) for r in wanted for o in r.outputs]
-        link.send(
-            encode(
-                Infer(
-                    seq,
-                    first.model_name,
-                    first.model_version,
-                    "",
-                    first.parameters,  # alike in every member (the group's key)
-                    inputs,
-                    outputs,
-                    rows=rows,
-                    inputs_apart=batch.inputs_apart,
-                    outputs_apart=batch.outputs_apart,
-                )
-            )
-        )
-        if batch.abandoned() and not batch.cancel_sent:  # every caller left while it was written
-            batch.cancel_sent = True
-            link.send(encode(Cancel(seq)))
-
-    def _link_release(self, block: Block) -> None:
-        if self._link is not None:
-            self._link.release(block)
-
-    def _batch_answered(self, link: Link, batch: MicroBatch, message: Any) -> None:
-        for block in batch.blocks:  # the executor no longer reads the inputs
-            link.release(block)
-        batch.blocks.clear()
-        if isinstance(message, Regroup):
-            logger.info("not grouping requests for a while: %s", message.why)
-            request = batch.members[0].request
-            kind = (
-                "shm" if batch.inputs_apart else "bytes",
-                "shm" if batch.outputs_apart else "bytes",
-            )
-            self._ungrouped[(request.model_name, kind)] = time.monotonic() + UNGROUPED_SECONDS
-            for member in batch.live():
-                self._alone_after_all(member)
-        elif isinstance(message, Failure):
-            error = raise_failure(message)
-            for member in batch.members:
-                member.fail(error)
-        elif isinstance(message, Answer):
-            try:
-                outputs = [
-                    read_tensor(link.endpoint.peer_arena, o, copy=True) for o in message.outputs
-                ]
-            finally:
-                self._free(link, [o.offset for o in message.outputs])
-            batch.answer(message.model, message.version, outputs, message.parameters)
 
     def _abandon(self, link: Link, seq: int, entry: _Pending) -> None:
         """The client gave up on request ``seq``. Its entry stays pending: the executor's
@@ -471,12 +275,12 @@ class RemoteExecutor:
             if link is self._link:
                 link.send(encode(Cancel(seq)))
         elif future.exception() is None:  # answered just before: nobody reads the outputs
-            self._free(link, [o.offset for o in future.result().outputs])
+            self.free(link, [o.offset for o in future.result().outputs])
 
     # -- every other operation --------------------------------------------------------------------
 
     async def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        link = self._require()
+        link = self.require()
         seq = next(self._seq)
         entry = _Pending(asyncio.get_running_loop().create_future())
         self._pending[seq] = entry

@@ -88,6 +88,7 @@ class Ends:
 
 @pytest.fixture
 def segment() -> Iterator[shared_memory.SharedMemory]:
+    """4 KiB of client shared memory: input regions in the first half, outputs in the second."""
     block = shared_memory.SharedMemory(name=f"imx_{uuid.uuid4().hex[:8]}", create=True, size=4096)
     yield block
     block.close()
@@ -156,7 +157,7 @@ async def test_a_model_given_each_request_refuses_micro_batches_and_its_requests
     answers = await asyncio.gather(*(ends.remote.infer(request("identity", i)) for i in range(8)))
     assert [values(a)[0][0] for a in answers] == list(range(8))
     assert len(ends.groups) == 1  # refused once ...
-    assert ends.executor._alone(("identity", ("bytes", "bytes")))  # ... then one by one
+    assert ends.executor._batches._alone(("identity", ("bytes", "bytes")))  # ... then one by one
     await asyncio.gather(*(ends.remote.infer(request("identity", i)) for i in range(8)))
     assert len(ends.groups) == 1
     stats = await ends.stats("identity")

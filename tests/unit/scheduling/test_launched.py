@@ -15,7 +15,7 @@ from infermux.errors import InternalError, UnavailableError
 from infermux.model_config import DynamicBatchingConfig
 from infermux.scheduling import DynamicBatcher
 from infermux.statistics import ModelStatistics
-from infermux.types import Tensor
+from tests.unit.scheduling.test_instances import answer, finish, request
 
 
 class FakeGpu:
@@ -66,20 +66,6 @@ class FakeGpu:
 
     def close(self) -> None:
         self.closed.set()
-
-
-def finish(request: ModelRequest, result: ExecuteResult) -> list[Tensor]:
-    assert isinstance(result, dict)
-    y = np.asarray(result["y"])
-    return [Tensor("y", "INT64", y.shape, y)]
-
-
-def request(value: int) -> ModelRequest:
-    return ModelRequest({"x": np.array([value])}, ("y",))
-
-
-def answer(done: object) -> int:
-    return int(done.outputs[0].data[0])  # type: ignore[attr-defined]
 
 
 def instance_threads(name: str) -> list[str]:
