@@ -24,7 +24,7 @@ import tempfile
 from collections.abc import Coroutine
 from multiprocessing.process import BaseProcess
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from infermux import __version__
 from infermux.errors import StartupError
@@ -61,6 +61,9 @@ from .heartbeat import Heartbeat
 from .scrapes import Scrapes
 
 logger = logging.getLogger("infermux")
+
+_First = TypeVar("_First", Started, Ready)
+"""What a child says first: a front end that it started, an executor that it is ready."""
 
 
 class Supervisor:
@@ -141,24 +144,24 @@ class Supervisor:
 
     async def _start(self) -> None:
         """Start everything; any failure before the first ready is a start-up error."""
+        executors = []
         for slot in self._executors:
             slot.child = await self._spawn_executor(slot.index)
+            executors.append(slot.child)
         first = self._slots[0]
         first.child = await self._spawn_frontend(first.index)
         started = await self._expect(first.child, Started)
-        assert isinstance(started, Started)
         if self._grpc_port != DISABLED_PORT and started.grpc_port is not None:
             self._grpc_port = started.grpc_port  # port 0: the others take the port it got
+        others = []
         for slot in self._slots[1:]:
             slot.child = await self._spawn_frontend(slot.index)
-        for slot in self._slots[1:]:
-            assert slot.child is not None
-            await self._expect(slot.child, Started)
+            others.append(slot.child)
+        for child in others:
+            await self._expect(child, Started)
         models: dict[str, None] = {}
-        for slot in self._executors:
-            assert slot.child is not None
-            ready = await self._expect(slot.child, Ready)
-            assert isinstance(ready, Ready)
+        for child in executors:
+            ready = await self._expect(child, Ready)
             models.update(dict.fromkeys(ready.models))
         if self._metrics_sock is not None and len(self._executors) > 1:
             self._metrics = MetricsEndpoint(
@@ -167,9 +170,10 @@ class Supervisor:
         self._connect_all()
         self._announce(sorted(models))
 
-    async def _expect(self, child: Child, kind: type[Started] | type[Ready]) -> Started | Ready:
-        """Wait for ``child``'s first message at start-up, which must be ``kind``; news of the
-        other children is kept, in order, for later."""
+    async def _expect(self, child: Child, kind: type[_First]) -> _First:
+        """Wait for ``child``'s first message at start-up, which must be ``kind`` (anything
+        else is a :class:`StartupError` naming it); news of the other children is kept, in
+        order, for later."""
         deferred: list[tuple[Child, Message | None]] = []
         try:
             while True:
