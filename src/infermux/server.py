@@ -24,9 +24,9 @@ from infermux.errors import StartupError
 from infermux.frontends import unix_socket
 from infermux.frontends.metrics import MetricsEndpoint, metrics_socket
 from infermux.frontends.serving import FrontEnds, http_sockets
+from infermux.observability.progress import LoadProgress
 from infermux.observability.tracing import TRACING
 from infermux.processes import Supervisor
-from infermux.progress import LoadProgress
 from infermux.settings import ServerSettings
 
 __all__ = ["EXTENSIONS", "SHM_EXTENSIONS", "InfermuxServer", "StartupError", "serve"]

@@ -21,10 +21,10 @@ from infermux.backends.stacking import compatible
 from infermux.errors import UnavailableError
 from infermux.ipc.arena import Arena
 from infermux.model_config import DynamicBatchingConfig
+from infermux.observability.statistics import ModelStatistics
 from infermux.runtime import COMPLETIONS
 from infermux.runtime.host_memory import HOST_MEMORY
 from infermux.scheduling import DynamicBatcher
-from infermux.statistics import ModelStatistics
 from infermux.types import DeviceArray, Tensor
 from tests.gpu.torch_models import Wide, close, load, rows, run, write
 

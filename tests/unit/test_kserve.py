@@ -12,9 +12,9 @@ from typing import Any, cast
 import jsonschema
 import yaml
 
+from infermux.cli.serve_options import build_serve_parser
 from infermux.dataplane import Operations
 from infermux.frontends.http.app import HttpApp
-from infermux.serve_options import build_serve_parser
 
 KSERVE = Path(__file__).parents[2] / "deploy" / "kserve"
 

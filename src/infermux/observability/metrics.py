@@ -5,8 +5,8 @@ Triton work unchanged; infermux's own follow (``infermux_`` prefix): latency and
 histograms, instance busy time (stream occupancy), memory per model and component.
 
 Nothing is counted twice: the collector reads the model statistics the statistics extension
-already keeps (:mod:`infermux.statistics`), the scheduler's queue and NVML, when Prometheus
-scrapes; the request path pays nothing for it. It runs on the event loop that owns those
+already keeps (:mod:`infermux.observability.statistics`), the scheduler's queue and NVML, when
+Prometheus scrapes; the request path pays nothing for it. It runs on the event loop that owns those
 counters (the executor's, with several front-end processes), so metrics stay whole whichever
 process answered a request.
 
@@ -30,11 +30,11 @@ from prometheus_client.utils import floatToGoString
 
 from infermux.backends.precision import PrecisionReport
 from infermux.errors import FailureReason
+from infermux.observability.statistics import Histogram
 from infermux.repository import LoadedModel, ModelRepository
 from infermux.routing import Router, ShadowStats
 from infermux.runtime.memory import by_component, instance_memory
 from infermux.runtime.nvml import NVML, Nvml
-from infermux.statistics import Histogram
 
 Kind = Literal["counter", "gauge", "histogram"]
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"

@@ -18,8 +18,8 @@ from infermux.dataplane.channel_server import ChannelServer
 from infermux.errors import InfermuxError, StartupError
 from infermux.frontends.metrics import MetricsEndpoint
 from infermux.observability import metrics as prometheus
+from infermux.observability.progress import LoadProgress
 from infermux.observability.tracing import TRACING
-from infermux.progress import LoadProgress
 from infermux.repository import Shard
 from infermux.settings import ServerSettings
 

@@ -17,11 +17,11 @@ from infermux.backends.precision import CALIBRATION_DATA
 from infermux.backends.registry import BackendRegistry
 from infermux.errors import ModelLoadError
 from infermux.model_config import ModelConfig
+from infermux.observability.statistics import ModelStatistics
 from infermux.repository.placement import ONLY, Placement, Shard, placements
 from infermux.repository.warmup import warm_up
 from infermux.runtime.memory import describe, instance_memory, total_by_device
 from infermux.scheduling import DynamicBatcher, Scheduler
-from infermux.statistics import ModelStatistics
 
 logger = logging.getLogger(__name__)
 

@@ -20,11 +20,11 @@ from collections.abc import Callable, Sequence
 from infermux.backends.base import BackendInstance, ExecuteResult, ModelRequest
 from infermux.errors import FailureReason, InfermuxError, InternalError, RejectedError
 from infermux.model_config import DynamicBatchingConfig
+from infermux.observability.statistics import ModelStatistics
 from infermux.observability.tracing import TRACING
 from infermux.scheduling.base import Completion, Finisher
 from infermux.scheduling.instances import ExecutionTimeout, InstanceSlot, Reload
 from infermux.scheduling.queue import TIMED_OUT, Pending, RequestQueue
-from infermux.statistics import ModelStatistics
 
 logger = logging.getLogger(__name__)
 

@@ -10,8 +10,8 @@ import pytest
 from infermux.backends.base import ExecuteResult, ModelRequest
 from infermux.errors import InfermuxError, InternalError, InvalidArgumentError, UnavailableError
 from infermux.model_config import DynamicBatchingConfig
+from infermux.observability.statistics import ModelStatistics
 from infermux.scheduling import Completion, DynamicBatcher
-from infermux.statistics import ModelStatistics
 from infermux.types import Tensor
 
 

@@ -11,9 +11,9 @@ import pytest
 
 from infermux.backends.base import BackendInstance, ExecuteResult, ModelRequest
 from infermux.errors import UnavailableError
+from infermux.observability.statistics import ModelStatistics
 from infermux.scheduling import DynamicBatcher, instances
 from infermux.scheduling.instances import InstanceThread
-from infermux.statistics import ModelStatistics
 from infermux.types import Tensor
 
 

@@ -13,8 +13,8 @@ import pytest
 from infermux.backends.base import BackendInstance, Collect, ExecuteResult, ModelRequest
 from infermux.errors import InternalError, UnavailableError
 from infermux.model_config import DynamicBatchingConfig
+from infermux.observability.statistics import ModelStatistics
 from infermux.scheduling import DynamicBatcher
-from infermux.statistics import ModelStatistics
 from tests.unit.scheduling.test_instances import answer, finish, request
 
 

@@ -9,8 +9,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from infermux.http_limit_options import add_http_limit_arguments, http_limits
-from infermux.option_types import non_negative_int, non_negative_seconds, positive
+from infermux.cli.http_limit_options import add_http_limit_arguments, http_limits
+from infermux.cli.option_types import non_negative_int, non_negative_seconds, positive
 from infermux.settings import (
     DEFAULT_FRONTEND_HEARTBEAT_TIMEOUT,
     DEFAULT_GRPC_MAX_MESSAGE_SIZE,

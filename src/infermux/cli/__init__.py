@@ -8,8 +8,7 @@ from collections.abc import Sequence
 
 from infermux import __version__
 from infermux.bench import options as bench_options
-from infermux.errors import InfermuxError
-from infermux.serve_options import (
+from infermux.cli.serve_options import (
     SERVE_HELP,
     Parser,
     add_serve_arguments,
@@ -17,6 +16,7 @@ from infermux.serve_options import (
     build_serve_parser,
     parse_settings,
 )
+from infermux.errors import InfermuxError
 
 __all__ = ["auto_executors", "build_parser", "build_serve_parser", "main", "parse_settings"]
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from infermux.option_types import positive
+from infermux.cli.option_types import positive
 from infermux.settings import HttpLimits
 
 _DEFAULTS = HttpLimits()

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from infermux.statistics import ModelStatistics
+from infermux.observability.statistics import ModelStatistics
 from infermux.types import INFER_STAT_KEYS
 
 
