@@ -16,6 +16,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from infermux.backends.base import ModelContext
+from infermux.backends.python_model import load_in_process
 from infermux.errors import InfermuxError
 
 PARENT_POLL_S = 1.0
@@ -40,10 +41,8 @@ def describe(exc: BaseException) -> RemoteFailure:
 def main(conn: Connection, context: ModelContext) -> None:
     """Process entry point: load the model, then serve ``execute`` and ``close``."""
     _exit_with_parent(os.getppid())
-    from infermux.backends.python import PythonBackend
-
     try:
-        instance = PythonBackend().load_here(context)
+        instance = load_in_process(context)
     except BaseException as exc:
         conn.send(("failed", describe(exc)))
         return
