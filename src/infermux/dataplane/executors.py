@@ -30,7 +30,7 @@ from typing import TypeVar
 from infermux.errors import ErrorCode, FailureReason, InfermuxError, UnavailableError
 from infermux.ipc import ChannelSpec
 from infermux.model_config import ModelConfig
-from infermux.routing import TrafficReport
+from infermux.routing.router import TrafficReport
 from infermux.types import (
     BatchStats,
     CudaSharedMemoryRegion,

@@ -17,7 +17,7 @@ from infermux.errors import InfermuxError, InternalError
 from infermux.ipc.arena import Block
 from infermux.model_config import ModelConfig
 from infermux.repository import LoadedModel
-from infermux.routing import TrafficPolicy
+from infermux.routing.policy import TrafficPolicy
 from infermux.types import (
     SHM_BYTE_SIZE,
     SHM_REGION,

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from infermux.model_config import ModelConfig
-from infermux.routing import TrafficReport
+from infermux.routing.router import TrafficReport
 from infermux.types import (
     CudaSharedMemoryRegion,
     InferRequest,

@@ -21,7 +21,8 @@ from infermux.ipc.arena import Block
 from infermux.model_config import ModelConfig
 from infermux.observability.tracing import TRACING
 from infermux.repository import LoadedModel, ModelRepository
-from infermux.routing import Router, TrafficPolicy, TrafficReport, parse_policy
+from infermux.routing.policy import TrafficPolicy, parse_policy
+from infermux.routing.router import Router, TrafficReport
 from infermux.routing.shadow import ShadowRuns, copied
 from infermux.types import (
     SHM_REGION,

@@ -48,7 +48,7 @@ from infermux.ipc.wire import (
     to_frontend,
 )
 from infermux.model_config import ModelConfig
-from infermux.routing import TrafficReport
+from infermux.routing.router import TrafficReport
 from infermux.types import (
     CudaSharedMemoryRegion,
     InferRequest,

@@ -20,7 +20,7 @@ from infermux.frontends.http.transport import Receive, Scope, Send
 from infermux.frontends.serving import listen
 from infermux.observability import metrics
 from infermux.repository import ModelRepository
-from infermux.routing import Router
+from infermux.routing.router import Router
 from infermux.settings import DISABLED_PORT, ServerSettings
 
 PATH = "/metrics"

@@ -32,7 +32,8 @@ from infermux.backends.precision import PrecisionReport
 from infermux.errors import FailureReason
 from infermux.observability.statistics import Histogram
 from infermux.repository import LoadedModel, ModelRepository
-from infermux.routing import Router, ShadowStats
+from infermux.routing.router import Router
+from infermux.routing.shadow import ShadowStats
 from infermux.runtime.memory import by_component, instance_memory
 from infermux.runtime.nvml import NVML, Nvml
 

@@ -32,7 +32,7 @@ from infermux.errors import (
 )
 from infermux.model_config import ModelConfig
 from infermux.ray.deploy import DEPLOYMENT, Deployer, app_name
-from infermux.routing import ROUTING_KEY_PARAMETER, TrafficReport
+from infermux.routing.router import ROUTING_KEY_PARAMETER, TrafficReport
 from infermux.types import (
     CudaSharedMemoryRegion,
     InferRequest,

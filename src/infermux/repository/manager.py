@@ -29,8 +29,8 @@ from infermux.repository.layout import discover_models, fingerprint, list_versio
 from infermux.repository.loader import LoadedModel, build_version, check_config_paths
 from infermux.repository.placement import ONLY, Shard, placements
 from infermux.repository.state import ControlMode, Entry, LoadObserver, Quiet, State
-from infermux.traffic_policy import CONFIG_PARAMETER as TRAFFIC_PARAMETER
-from infermux.traffic_policy import parse_policy
+from infermux.routing.policy import CONFIG_PARAMETER as TRAFFIC_PARAMETER
+from infermux.routing.policy import parse_policy
 from infermux.types import RepositoryIndexEntry
 
 logger = logging.getLogger(__name__)

@@ -23,7 +23,7 @@ import msgspec
 
 from infermux.errors import InvalidArgumentError, NotFoundError
 from infermux.repository import LoadedModel, ModelRepository
-from infermux.traffic_policy import (
+from infermux.routing.policy import (
     CONFIG_PARAMETER,
     EMPTY,
     ShadowPolicy,

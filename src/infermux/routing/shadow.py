@@ -17,7 +17,7 @@ import numpy as np
 from infermux.backends.base import ModelRequest
 from infermux.errors import InfermuxError, RejectedError
 from infermux.repository import LoadedModel
-from infermux.traffic_policy import ShadowPolicy
+from infermux.routing.policy import ShadowPolicy
 from infermux.types import Tensor
 
 logger = logging.getLogger(__name__)

@@ -16,8 +16,8 @@ from infermux.backends import BackendRegistry
 from infermux.dataplane import DataPlane
 from infermux.errors import InvalidArgumentError, NotFoundError
 from infermux.repository import ControlMode, ModelRepository
-from infermux.routing import Router, TrafficPolicy, parse_policy
-from infermux.traffic_policy import ShadowPolicy
+from infermux.routing.policy import ShadowPolicy, TrafficPolicy, parse_policy
+from infermux.routing.router import Router
 from infermux.types import InferRequest, Parameters, Tensor
 from tests.support import IDENTITY_MODEL, write_model
 

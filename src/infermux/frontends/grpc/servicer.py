@@ -22,7 +22,7 @@ from infermux.frontends.grpc import codec
 from infermux.frontends.grpc.handlers import Malformed
 from infermux.observability import tracing
 from infermux.observability.logs import RateLimitedLog
-from infermux.routing import ROUTING_KEY_HEADER, ROUTING_KEY_PARAMETER
+from infermux.routing.router import ROUTING_KEY_HEADER, ROUTING_KEY_PARAMETER
 from infermux.settings import DEFAULT_GRPC_MAX_STREAM_IN_FLIGHT
 from infermux.types import InferRequest
 

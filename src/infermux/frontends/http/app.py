@@ -31,7 +31,7 @@ from infermux.frontends.http.transport import (
     send_reply,
 )
 from infermux.observability import tracing
-from infermux.routing import ROUTING_KEY_HEADER, ROUTING_KEY_PARAMETER
+from infermux.routing.router import ROUTING_KEY_HEADER, ROUTING_KEY_PARAMETER
 from infermux.tensor_bytes import count_bytes_elements
 from infermux.types import InferRequest, element_size
 

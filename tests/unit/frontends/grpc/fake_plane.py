@@ -11,7 +11,7 @@ import asyncio
 
 from infermux.errors import ErrorCode, InfermuxError, InvalidArgumentError, NotFoundError
 from infermux.model_config import ModelConfig, pb
-from infermux.routing import TrafficReport
+from infermux.routing.router import TrafficReport
 from infermux.types import (
     CudaSharedMemoryRegion,
     Duration,
