@@ -26,11 +26,11 @@ from typing import Any
 import numpy as np
 
 from infermux.dataplane.assembly import build_dataplane, build_repository, server_metadata
-from infermux.dataplane.channel_server import ChannelServer
-from infermux.dataplane.remote import RemoteDataPlane
 from infermux.ipc import Channel, ChannelSpec
 from infermux.processes.common import run
 from infermux.settings import ServerSettings, builtin_repository
+from infermux.transport.channel_server import ChannelServer
+from infermux.transport.remote_plane import RemoteDataPlane
 from infermux.types import InferRequest, Tensor
 
 SETTINGS = ServerSettings(model_repositories=(builtin_repository(),))

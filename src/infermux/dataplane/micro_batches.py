@@ -2,7 +2,7 @@
 and the shared-memory reads and writes that keep each request's own regions.
 
 The front end's side (what travels together, and how the answer is cut back) is
-:mod:`~infermux.dataplane.grouping`; :meth:`~infermux.dataplane.plane.DataPlane.infer_many` runs
+:mod:`~infermux.transport.grouping`; :meth:`~infermux.dataplane.plane.DataPlane.infer_many` runs
 a micro-batch with these.
 """
 

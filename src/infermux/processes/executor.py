@@ -14,7 +14,6 @@ from collections.abc import Coroutine
 from typing import Any
 
 from infermux.dataplane.assembly import build_dataplane, build_repository
-from infermux.dataplane.channel_server import ChannelServer
 from infermux.errors import InfermuxError, StartupError
 from infermux.frontends.metrics import MetricsEndpoint
 from infermux.observability import metrics as prometheus
@@ -22,6 +21,7 @@ from infermux.observability.progress import LoadProgress
 from infermux.observability.tracing import TRACING
 from infermux.repository import Shard
 from infermux.settings import ServerSettings
+from infermux.transport.channel_server import ChannelServer
 
 from .common import become_child, configure_logging, run
 from .control import (

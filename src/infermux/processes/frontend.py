@@ -13,10 +13,10 @@ import signal
 import socket
 
 from infermux.dataplane.assembly import server_metadata
-from infermux.dataplane.executors import RemoteDataPlane
 from infermux.errors import StartupError
 from infermux.frontends.serving import FrontEnds
 from infermux.settings import ServerSettings
+from infermux.transport.remote_plane import RemoteDataPlane
 
 from .common import become_child, configure_logging, run
 from .control import Control, Failed, Started, follow

@@ -19,12 +19,12 @@ import pytest
 
 from infermux.backends import BackendRegistry
 from infermux.dataplane import DataPlane
-from infermux.dataplane.channel_server import ChannelServer
-from infermux.dataplane.executors import RemoteDataPlane
 from infermux.errors import ErrorCode, InfermuxError
 from infermux.ipc import Arena, Channel
 from infermux.ipc.wire import Cancel, encode
 from infermux.repository import ControlMode, ModelRepository
+from infermux.transport.channel_server import ChannelServer
+from infermux.transport.remote_plane import RemoteDataPlane
 from infermux.types import InferRequest, ServerMetadata, Tensor
 from tests.support import SLOW_MODEL, write_model
 

@@ -1,9 +1,10 @@
 """The front end's micro-batches in flight: collected, written, answered (what travels together,
-and how an answer is cut back, is :mod:`~infermux.dataplane.grouping`).
+and how an answer is cut back, is :mod:`~infermux.transport.grouping`).
 
-A :class:`MicroBatcher` belongs to one :class:`~infermux.dataplane.remote.RemoteExecutor` and
-sends over its channel; the first request of a micro-batch leads it (gathers the others, then
-writes them), every member awaits its own future.
+A :class:`MicroBatcher` belongs to one
+:class:`~infermux.transport.executor_client.RemoteExecutor` and sends over its channel; the first
+request of a micro-batch leads it (gathers the others, then writes them), every member awaits its
+own future.
 """
 
 from __future__ import annotations

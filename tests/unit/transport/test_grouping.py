@@ -22,14 +22,14 @@ import torch
 
 from infermux.backends import BackendRegistry
 from infermux.dataplane import DataPlane
-from infermux.dataplane.channel_server import ChannelServer
-from infermux.dataplane.executors import RemoteDataPlane
-from infermux.dataplane.grouping import group_key
-from infermux.dataplane.remote import RemoteExecutor
 from infermux.dataplane.shared_memory import SharedMemoryRegistry
 from infermux.errors import ErrorCode, InfermuxError
 from infermux.ipc import Channel
 from infermux.repository import ControlMode, ModelRepository
+from infermux.transport.channel_server import ChannelServer
+from infermux.transport.executor_client import RemoteExecutor
+from infermux.transport.grouping import group_key
+from infermux.transport.remote_plane import RemoteDataPlane
 from infermux.types import (
     SHM_BYTE_SIZE,
     SHM_OFFSET,

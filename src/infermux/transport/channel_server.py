@@ -2,9 +2,10 @@
 
 Every front-end process has its own channel. Frames are drained as their doorbell rings (on the
 executor's event loop, beside the batcher) and each request runs as its own task on the one
-:class:`~.plane.DataPlane`, so requests from every front end meet in the same queues and
-batches. Input tensors are read in place from the front end's arena (the backend copies them
-once, into its staging buffer); outputs are written once into this side's arena.
+:class:`~infermux.dataplane.plane.DataPlane`, so requests from every front end meet in the same
+queues and batches. Input tensors are read in place from the front end's arena (a GPU instance
+copies them to the device from there; other backends stack them, once); outputs are written once
+into this side's arena.
 
 When a front end goes away its channel is detached: its requests still running finish (they are
 admitted; the model's state and statistics stay consistent) but their answers are dropped, and
@@ -28,6 +29,8 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from infermux.dataplane.micro_batches import Ungroupable
+from infermux.dataplane.plane import DataPlane
 from infermux.errors import InfermuxError, InternalError
 from infermux.ipc import Block, ChannelSpec, Endpoint
 from infermux.ipc.wire import (
@@ -51,8 +54,6 @@ from infermux.runtime.host_memory import HOST_MEMORY
 from infermux.types import InferRequest, RequestedOutput, Tensor
 
 from .link import Link
-from .micro_batches import Ungroupable
-from .plane import DataPlane
 
 logger = logging.getLogger(__name__)
 
@@ -180,7 +181,7 @@ class ChannelServer:
                 message.parameters,
                 message.trace,
             )
-            if message.rows:  # a micro-batch (dataplane/grouping.py)
+            if message.rows:  # a micro-batch (transport/grouping.py)
                 try:
                     response = await self._plane.infer_many(
                         request,

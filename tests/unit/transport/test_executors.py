@@ -17,12 +17,12 @@ import pytest
 
 from infermux.backends import BackendRegistry
 from infermux.dataplane import DataPlane
-from infermux.dataplane.channel_server import ChannelServer
-from infermux.dataplane.executors import RemoteDataPlane, merge_index, merge_statistics
 from infermux.errors import ErrorCode, InfermuxError, NotFoundError, RejectedError
 from infermux.ipc import Channel
 from infermux.repository import ControlMode, ModelRepository, Shard
 from infermux.settings import builtin_repository
+from infermux.transport.channel_server import ChannelServer
+from infermux.transport.remote_plane import RemoteDataPlane, merge_index, merge_statistics
 from infermux.types import (
     BatchStats,
     Duration,

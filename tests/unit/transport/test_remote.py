@@ -16,13 +16,13 @@ import pytest
 
 from infermux.backends import BackendRegistry
 from infermux.dataplane import DataPlane
-from infermux.dataplane.channel_server import ChannelServer
-from infermux.dataplane.executors import RemoteDataPlane
 from infermux.dataplane.shared_memory import SharedMemoryRegistry
 from infermux.errors import ErrorCode, InfermuxError
 from infermux.ipc import Channel
 from infermux.repository import ControlMode, ModelRepository
 from infermux.settings import builtin_repository
+from infermux.transport.channel_server import ChannelServer
+from infermux.transport.remote_plane import RemoteDataPlane
 from infermux.types import (
     SHM_BYTE_SIZE,
     SHM_REGION,

@@ -2,9 +2,10 @@
 
 A front-end process decodes requests and encodes answers; the models live in the executor
 process. This class is what its HTTP and gRPC front ends are given instead of a
-:class:`~.plane.DataPlane`: an inference request's tensors are written once into the channel's
-arena and only a small header crosses the ring; the executor's :class:`~.channel_server.
-ChannelServer` runs the request on the real data plane and answers the same way.
+:class:`~infermux.dataplane.plane.DataPlane`: an inference request's tensors are written once
+into the channel's arena and only a small header crosses the ring; the executor's
+:class:`~.channel_server.ChannelServer` runs the request on the real data plane and answers the
+same way.
 
 While no executor is attached (it is starting, or restarting after a crash) the front end stays
 up: it is not ready, and inference answers UNAVAILABLE (HTTP 503) naming the reason; requests in
@@ -97,8 +98,9 @@ class _Pending:
 
 
 class RemoteExecutor:
-    """Implements :class:`~.operations.Operations` by forwarding to one executor process
-    (:class:`~.executors.RemoteDataPlane` spreads a front end's work over several)."""
+    """Implements :class:`~infermux.dataplane.operations.Operations` by forwarding to one
+    executor process (:class:`~.remote_plane.RemoteDataPlane` spreads a front end's work over
+    several)."""
 
     def __init__(
         self,

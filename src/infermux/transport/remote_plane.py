@@ -16,7 +16,8 @@ instances of its own devices, so a model may be hosted by one executor or by sev
   executor (each one decides what it hosts; each maps the client's regions itself);
 - **readiness** needs every executor attached and ready, each answering within the readiness
   bound (``--executor-ready-timeout-ms``);
-- **cancellation** follows the request: the executor it was sent to is told (``remote.py``).
+- **cancellation** follows the request: the executor it was sent to is told
+  (``executor_client.py``).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from infermux.types import (
     SharedMemoryRegion,
 )
 
-from .remote import RemoteExecutor
+from .executor_client import RemoteExecutor
 
 T = TypeVar("T")
 
@@ -59,7 +60,8 @@ _STATE_RANK = {"READY": 4, "LOADING": 3, "UNLOADING": 2, "UNAVAILABLE": 1, "": 0
 
 
 class RemoteDataPlane:
-    """Implements :class:`~.operations.Operations` over ``executors`` executor processes."""
+    """Implements :class:`~infermux.dataplane.operations.Operations` over ``executors``
+    executor processes."""
 
     def __init__(
         self, metadata: ServerMetadata, executors: int = 1, *, ready_timeout_s: float = 1.0
