@@ -77,7 +77,8 @@ class Infer(msgspec.Struct, array_like=True, tag=1):
 
 
 class Call(msgspec.Struct, array_like=True, tag=2):
-    """Front end -> executor: any other V2 operation, by name (only those :data:`CALLS` lists)."""
+    """Front end -> executor: any other V2 operation, by name (only those
+    ``infermux.transport.calls.CALLS`` lists: the coroutines of ``Operations`` but ``infer``)."""
 
     seq: int
     method: str
@@ -141,29 +142,6 @@ class Regroup(msgspec.Struct, array_like=True, tag=8):
 ToExecutor = Infer | Call | Release | Cancel
 ToFrontend = Answer | Result | Failure | Regroup
 
-CALLS = frozenset(
-    {
-        "ready",
-        "model_ready",
-        "model_metadata",
-        "model_config",
-        "model_statistics",
-        "repository_index",
-        "load_model",
-        "unload_model",
-        "traffic",
-        "set_traffic",
-        "promote",
-        "rollback",
-        "shm_register",
-        "shm_unregister",
-        "shm_status",
-        "cuda_shm_register",
-        "cuda_shm_unregister",
-        "cuda_shm_status",
-    }
-)
-"""The data-plane methods a :class:`Call` may name; anything else is refused."""
 
 encode = msgspec.msgpack.Encoder().encode
 to_executor = msgspec.msgpack.Decoder(ToExecutor).decode

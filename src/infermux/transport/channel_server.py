@@ -34,7 +34,6 @@ from infermux.dataplane.plane import DataPlane
 from infermux.errors import InfermuxError, InternalError
 from infermux.ipc import Block, ChannelSpec, Endpoint
 from infermux.ipc.wire import (
-    CALLS,
     Answer,
     Call,
     Cancel,
@@ -53,6 +52,7 @@ from infermux.model_config import ModelConfig
 from infermux.runtime.host_memory import HOST_MEMORY
 from infermux.types import InferRequest, RequestedOutput, Tensor
 
+from .calls import CALLS
 from .link import Link
 
 logger = logging.getLogger(__name__)
