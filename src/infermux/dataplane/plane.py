@@ -11,6 +11,7 @@ import logging
 import time
 from collections.abc import Sequence
 
+from infermux.backends.base import ModelRequest
 from infermux.errors import (
     ErrorCode,
     FailureReason,
@@ -24,6 +25,7 @@ from infermux.repository import LoadedModel, ModelRepository
 from infermux.routing.policy import TrafficPolicy, parse_policy
 from infermux.routing.router import Router, TrafficReport
 from infermux.routing.shadow import ShadowRuns, copied
+from infermux.scheduling.base import Completion
 from infermux.types import (
     SHM_REGION,
     CudaSharedMemoryRegion,
@@ -198,28 +200,11 @@ class DataPlane:
     ) -> InferResponse:
         staged: list[Block] = []  # shared-memory inputs read into the staging arena
         try:
-            device: dict[str, DeviceArray] = {}
-            for tensor in request.inputs:
-                if not uses_shared_memory(tensor.parameters):
-                    continue
-                if self._cuda.has(str(tensor.parameters.get(SHM_REGION, ""))):
-                    data = self._cuda.read(tensor, on_device=model.accepts_device_inputs)
-                    if isinstance(data, DeviceArray):
-                        device[tensor.name] = data
-                    else:
-                        tensor.data = data
-                else:
-                    tensor.data = self._shm.read(tensor, staged)
+            device = self._read_shared_memory(model, request, staged)
             model_request = to_model_request(model.config, request, device, self._limits)
             if TRACING.tracer is not None:
                 TRACING.annotate_request(model_request.batch_size)
-            mirror = self.router.shadow(model, policy)
-            if mirror is not None:  # copied now: shared-memory inputs are gone after the answer
-                copy = copied(model_request)
-            submitted = time.perf_counter_ns()
-            done = await model.scheduler.submit(model_request)
-            if mirror is not None:
-                self._shadows.start(mirror, copy, done.outputs, time.perf_counter_ns() - submitted)
+            done = await self._schedule(model, policy, model_request)
             outputs = self._place_outputs(request, done.outputs)
             if staged:
                 outputs = self._shm.unstaged(outputs)
@@ -235,10 +220,62 @@ class DataPlane:
             # The request's batch is over (a cancelled one waited for it in the scheduler).
             if staged:
                 self._shm.release(staged)
+        rows = members or (model_request.batch_size if model.config.batching else 1,)
+        self._succeeded(model, request, started, done, rows)
+        return InferResponse(
+            model_name=model.name,
+            model_version=str(model.version),
+            outputs=outputs,
+            id=request.id,
+        )
+
+    def _read_shared_memory(
+        self, model: LoadedModel, request: InferRequest, staged: list[Block]
+    ) -> dict[str, DeviceArray]:
+        """Give every input placed in a client's shared memory its data: system regions are
+        read into ``staged`` blocks, CUDA regions stay on the device (returned by input name)
+        for backends that read them there."""
+        device: dict[str, DeviceArray] = {}
+        for tensor in request.inputs:
+            if not uses_shared_memory(tensor.parameters):
+                continue
+            if self._cuda.has(str(tensor.parameters.get(SHM_REGION, ""))):
+                data = self._cuda.read(tensor, on_device=model.accepts_device_inputs)
+                if isinstance(data, DeviceArray):
+                    device[tensor.name] = data
+                else:
+                    tensor.data = data
+            else:
+                tensor.data = self._shm.read(tensor, staged)
+        return device
+
+    async def _schedule(
+        self, model: LoadedModel, policy: TrafficPolicy, model_request: ModelRequest
+    ) -> Completion:
+        """The model's scheduler runs the request; a shadow of it, when the policy asks for
+        one, runs after it and is compared with its answer."""
+        mirror = self.router.shadow(model, policy)
+        if mirror is None:
+            return await model.scheduler.submit(model_request)
+        copy = copied(model_request)  # now: shared-memory inputs are gone after the answer
+        submitted = time.perf_counter_ns()
+        done = await model.scheduler.submit(model_request)
+        self._shadows.start(mirror, copy, done.outputs, time.perf_counter_ns() - submitted)
+        return done
+
+    def _succeeded(
+        self,
+        model: LoadedModel,
+        request: InferRequest,
+        started: int,
+        done: Completion,
+        rows: Sequence[int],
+    ) -> None:
+        """Statistics for each request answered (one, or each of a micro-batch's)."""
         elapsed = time.perf_counter_ns() - started
-        for rows in members or (model_request.batch_size if model.config.batching else 1,):
+        for count in rows:
             model.stats.record_success(
-                batch_size=rows,
+                batch_size=count,
                 request_ns=elapsed,
                 queue_ns=done.queue_ns,
                 input_ns=done.compute_input_ns,
@@ -254,12 +291,6 @@ class DataPlane:
                 elapsed // 1000,
                 extra={"request_id": request.id, "model": model.name, "version": model.version},
             )
-        return InferResponse(
-            model_name=model.name,
-            model_version=str(model.version),
-            outputs=outputs,
-            id=request.id,
-        )
 
     def _failed(
         self,
