@@ -20,13 +20,8 @@ import numpy as np
 import pytest
 import torch
 
-from infermux.backends import BackendRegistry
 from infermux.dataplane import DataPlane
-from infermux.dataplane.shared_memory import SharedMemoryRegistry
 from infermux.errors import ErrorCode, InfermuxError
-from infermux.ipc import Channel
-from infermux.repository import ControlMode, ModelRepository
-from infermux.transport.channel_server import ChannelServer
 from infermux.transport.executor_client import RemoteExecutor
 from infermux.transport.grouping import group_key
 from infermux.transport.remote_plane import RemoteDataPlane
@@ -40,6 +35,7 @@ from infermux.types import (
     Tensor,
 )
 from tests.support import write_model
+from tests.unit.transport.ends import connected
 
 METADATA = ServerMetadata("infermux", "test", ())
 
@@ -99,22 +95,8 @@ def segment() -> Iterator[shared_memory.SharedMemory]:
 async def ends(tmp_path: Path) -> AsyncIterator[Ends]:
     write_plus_one(tmp_path / "repo")
     write_model(tmp_path / "repo", "identity", dims="[ 4 ]")
-    repository = ModelRepository(
-        [tmp_path / "repo"], BackendRegistry(), control_mode=ControlMode.NONE
-    )
-    await repository.start()
-    plane = DataPlane(repository, version="test", shared_memory=SharedMemoryRegistry(enabled=True))
-    channel = Channel(tmp_path, ring_bytes=256 * 1024, arena_bytes=4 * 1024 * 1024)
-    server = ChannelServer(plane)
-    server.attach(channel.spec)
-    remote = RemoteDataPlane(METADATA, ready_timeout_s=0.5)
-    remote.attach(channel.spec)
-    yield Ends(plane, remote)
-    remote.detach("test over")
-    await server.close()
-    channel.close()
-    plane.close()
-    await repository.close()
+    async with connected(tmp_path / "repo", tmp_path) as (plane, remote):
+        yield Ends(plane, remote)
 
 
 def request(model: str, value: float, rows: int = 1, **kwargs: Any) -> InferRequest:

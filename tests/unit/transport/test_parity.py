@@ -15,18 +15,13 @@ from typing import Any
 
 import pytest
 
-from infermux.backends import BackendRegistry
 from infermux.dataplane import DataPlane, Operations
-from infermux.dataplane.shared_memory import SharedMemoryRegistry
 from infermux.errors import InfermuxError
-from infermux.ipc import Channel
-from infermux.repository import ControlMode, ModelRepository
 from infermux.transport.calls import CALLS
-from infermux.transport.channel_server import ChannelServer
 from infermux.transport.executor_client import RemoteExecutor
 from infermux.transport.remote_plane import RemoteDataPlane
-from infermux.types import ServerMetadata
 from tests.support import write_model
+from tests.unit.transport.ends import connected
 
 OPERATIONS = sorted(
     name for name, member in vars(Operations).items() if callable(member) and name[0] != "_"
@@ -75,22 +70,8 @@ async def planes(tmp_path: Path) -> AsyncIterator[Planes]:
     (tmp_path / "repo" / "m" / "config.pbtxt").write_text(
         (tmp_path / "repo" / "m" / "config.pbtxt").read_text() + "version_policy: { all { } }\n"
     )
-    repository = ModelRepository(
-        [tmp_path / "repo"], BackendRegistry(), control_mode=ControlMode.NONE
-    )
-    await repository.start()
-    local = DataPlane(repository, version="test", shared_memory=SharedMemoryRegistry(enabled=True))
-    channel = Channel(tmp_path, ring_bytes=64 * 1024, arena_bytes=1024 * 1024)
-    server = ChannelServer(local)
-    server.attach(channel.spec)
-    remote = RemoteDataPlane(ServerMetadata("infermux", "test", ()), ready_timeout_s=2.0)
-    remote.attach(channel.spec)
-    yield Planes(local, remote)
-    remote.detach("test over")
-    await server.close()
-    channel.close()
-    local.close()
-    await repository.close()
+    async with connected(tmp_path / "repo", tmp_path, ready_timeout_s=2.0) as (local, remote):
+        yield Planes(local, remote)
 
 
 def bound(plane: object, name: str, args: tuple[Any, ...]) -> Callable[[], Awaitable[Any]]:
