@@ -56,13 +56,20 @@ UNGROUPED_SECONDS = 10.0
 """How long a front end sends one by one to a model whose micro-batch was refused."""
 
 
-def group_key(request: InferRequest) -> tuple[Hashable, ...] | None:
+Kind = tuple[str, str]
+"""Where a micro-batch's inputs and outputs lie: ``"bytes"`` (stacked) or ``"shm"`` (listed)."""
+
+GroupKey = tuple[Kind, str, str, tuple[Hashable, ...], tuple[Hashable, ...], tuple[Hashable, ...]]
+"""Kind, model, version, inputs, outputs and parameters: what alike requests share."""
+
+
+def group_key(request: InferRequest) -> GroupKey | None:
     """What requests must share to travel in one micro-batch (None: this one travels alone).
 
     Two kinds travel: requests whose inputs all carry their bytes (stacked into one block) and
     requests whose inputs all lie in client shared memory (listed per request; the executor
     reads each into consecutive rows). Outputs are all returned, or all placed in shared memory
-    (per request). The key's first item says which (:func:`apart`)."""
+    (per request). The key's first item says which (:attr:`MicroBatch.kind`)."""
     if request.trace_context or request.deadline_ns or not request.inputs:
         return None
     if any(key not in INERT_PARAMETERS for key in request.parameters):
@@ -90,17 +97,12 @@ def group_key(request: InferRequest) -> tuple[Hashable, ...] | None:
         (o.name, () if shm else _frozen(o.parameters))
         for o, shm in zip(request.outputs, out_shm, strict=True)
     )
-    kind = ("shm" if all(in_shm) else "bytes", "shm" if out_shm and all(out_shm) else "bytes")
+    kind: Kind = (
+        "shm" if all(in_shm) else "bytes",
+        "shm" if out_shm and all(out_shm) else "bytes",
+    )
     parameters = _frozen(request.parameters)
     return (kind, request.model_name, request.model_version, tuple(inputs), outputs, parameters)
-
-
-def apart(key: tuple[Hashable, ...]) -> tuple[bool, bool]:
-    """Whether a micro-batch of ``key`` lists its inputs, and its outputs, per request (they
-    lie in shared memory) rather than stacked."""
-    kind = key[0]
-    assert isinstance(kind, tuple)
-    return kind[0] == "shm", kind[1] == "shm"
 
 
 def _frozen(parameters: Parameters) -> tuple[tuple[str, object], ...]:
@@ -128,14 +130,22 @@ class Member:
 class MicroBatch:
     """Requests collected in one loop iteration; :attr:`seq` is set once it is sent."""
 
-    inputs_apart: bool = False
-    """Inputs are listed per request (shared-memory references), not stacked."""
-    outputs_apart: bool = False
-    """The answer lists outputs per request (placed in shared memory), not stacked."""
+    kind: Kind = ("bytes", "bytes")
+    """The first item of its :func:`group_key`: where its inputs and its outputs lie."""
     members: list[Member] = field(default_factory=list)
     seq: int = 0
     blocks: list[Block] = field(default_factory=list)
     cancel_sent: bool = False
+
+    @property
+    def inputs_apart(self) -> bool:
+        """Inputs are listed per request (shared-memory references), not stacked."""
+        return self.kind[0] == "shm"
+
+    @property
+    def outputs_apart(self) -> bool:
+        """The answer lists outputs per request (placed in shared memory), not stacked."""
+        return self.kind[1] == "shm"
 
     def live(self) -> list[Member]:
         """The members whose callers still wait."""

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Hashable
 from typing import Protocol
 
 from infermux.errors import UnavailableError
@@ -35,9 +34,10 @@ from .grouping import (
     GATHER_BUSY,
     GATHER_ROUNDS,
     UNGROUPED_SECONDS,
+    GroupKey,
+    Kind,
     Member,
     MicroBatch,
-    apart,
     group_key,
     stack_into,
     stacked_bytes,
@@ -73,9 +73,9 @@ class MicroBatcher:
     def __init__(self, channel: Channel, limit: int) -> None:
         self._channel = channel
         self._group_limit = limit
-        self._open: dict[Hashable, MicroBatch] = {}  # collecting in this loop iteration
+        self._open: dict[GroupKey, MicroBatch] = {}  # collecting in this loop iteration
         self._sent: dict[int, MicroBatch] = {}  # by seq, until the executor answers
-        self._ungrouped: dict[Hashable, float] = {}  # (model, kind) -> until: not grouped
+        self._ungrouped: dict[tuple[str, Kind], float] = {}  # (model, kind) -> until: alone
         self._tasks: set[asyncio.Task[None]] = set()  # micro-batches being written
 
     @property
@@ -83,7 +83,7 @@ class MicroBatcher:
         """Micro-batches sent and not answered yet."""
         return len(self._sent)
 
-    def key(self, request: InferRequest) -> tuple[Hashable, ...] | None:
+    def key(self, request: InferRequest) -> GroupKey | None:
         """The micro-batch ``request`` may join (None: it goes alone)."""
         if self._group_limit < 2:
             return None
@@ -99,7 +99,7 @@ class MicroBatcher:
             for member in batch.members:
                 member.fail(error)
 
-    def _alone(self, what: Hashable) -> bool:
+    def _alone(self, what: tuple[str, Kind]) -> bool:
         until = self._ungrouped.get(what)
         if until is None:
             return False
@@ -108,7 +108,7 @@ class MicroBatcher:
         del self._ungrouped[what]
         return False
 
-    async def infer(self, key: tuple[Hashable, ...], request: InferRequest) -> InferResponse:
+    async def infer(self, key: GroupKey, request: InferRequest) -> InferResponse:
         """``request``'s answer, travelling in a micro-batch of ``key``."""
         loop = asyncio.get_running_loop()
         member = Member(request, loop.create_future())
@@ -117,7 +117,7 @@ class MicroBatcher:
             batch.members.append(member)
             return await self._answer_of(batch, member)
         # The first request of a micro-batch leads it: it waits while others join, then sends.
-        batch = self._open[key] = MicroBatch(*apart(key))
+        batch = self._open[key] = MicroBatch(key[0])
         batch.members.append(member)
         try:
             await self._gather(batch)
@@ -144,7 +144,7 @@ class MicroBatcher:
             if len(batch.members) >= self._group_limit or (round_ and len(batch.members) == size):
                 return
 
-    def _close_batch(self, key: Hashable, batch: MicroBatch) -> None:
+    def _close_batch(self, key: GroupKey, batch: MicroBatch) -> None:
         if self._open.get(key) is batch:
             del self._open[key]
 
@@ -271,12 +271,8 @@ class MicroBatcher:
         batch.blocks.clear()
         if isinstance(message, Regroup):
             logger.info("not grouping requests for a while: %s", message.why)
-            request = batch.members[0].request
-            kind = (
-                "shm" if batch.inputs_apart else "bytes",
-                "shm" if batch.outputs_apart else "bytes",
-            )
-            self._ungrouped[(request.model_name, kind)] = time.monotonic() + UNGROUPED_SECONDS
+            model = batch.members[0].request.model_name
+            self._ungrouped[(model, batch.kind)] = time.monotonic() + UNGROUPED_SECONDS
             for member in batch.live():
                 self._alone_after_all(member)
         elif isinstance(message, Failure):
