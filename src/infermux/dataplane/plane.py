@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from infermux.backends.base import ModelRequest
 from infermux.errors import (
@@ -88,6 +88,7 @@ class DataPlane:
         self._strict = strict_readiness
         self._log_requests = log_requests  # --log-verbose 2: a log line per request
         self._shutting_down = False
+        self._on_shm_forgotten: list[Callable[[str], Awaitable[None]]] = []
 
     # -- health and metadata ----------------------------------------------------------------------
 
@@ -356,6 +357,13 @@ class DataPlane:
 
     async def shm_unregister(self, name: str = "") -> None:
         self._shm.unregister(name)
+        for hook in self._on_shm_forgotten:
+            await hook(name)
+
+    def on_shm_forgotten(self, hook: Callable[[str], Awaitable[None]]) -> None:
+        """Await ``hook(name)`` after every system-region unregistration ("": all), before it
+        is answered: front ends that read regions themselves drop theirs in it."""
+        self._on_shm_forgotten.append(hook)
 
     async def shm_status(self, name: str = "") -> list[SharedMemoryRegion]:
         return self._shm.status(name)

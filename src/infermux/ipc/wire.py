@@ -139,8 +139,24 @@ class Regroup(msgspec.Struct, array_like=True, tag=8):
     why: str
 
 
-ToExecutor = Infer | Call | Release | Cancel
-ToFrontend = Answer | Result | Failure | Regroup
+class Forget(msgspec.Struct, array_like=True, tag=9):
+    """Executor -> front end: system shared-memory region ``name`` (every region when "") was
+    unregistered; a front end that reads regions itself (``transport/regions.py``) drops it,
+    then answers :class:`Forgotten` with the same ``seq`` (the executor's own numbering)."""
+
+    seq: int
+    name: str
+
+
+class Forgotten(msgspec.Struct, array_like=True, tag=10):
+    """Front end -> executor: the :class:`Forget` ``seq`` took effect: no read or write of the
+    region starts in this front end from now on."""
+
+    seq: int
+
+
+ToExecutor = Infer | Call | Release | Cancel | Forgotten
+ToFrontend = Answer | Result | Failure | Regroup | Forget
 
 
 encode = msgspec.msgpack.Encoder().encode

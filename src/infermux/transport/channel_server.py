@@ -24,6 +24,7 @@ answer never sent are released here.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from collections.abc import Callable, Coroutine
@@ -37,6 +38,8 @@ from infermux.ipc.wire import (
     Answer,
     Call,
     Cancel,
+    Forget,
+    Forgotten,
     Infer,
     Regroup,
     Release,
@@ -57,6 +60,10 @@ from .link import Link
 
 logger = logging.getLogger(__name__)
 
+
+FORGET_TIMEOUT_S = 5.0
+"""How long an unregistration waits for each front end to drop its copy of the region: one that
+does not answer in time is stalled (or gone) and reads nothing meanwhile."""
 
 CallObserver = Callable[[str, list[Any], dict[str, Any]], None]
 """Told of each call (not inference) that succeeded: method, positional and keyword arguments."""
@@ -79,6 +86,10 @@ class ChannelServer:
         self._plane = plane
         self._on_call = on_call
         self._clients: dict[str, _Client] = {}
+        self._forgets = itertools.count(1)
+        # Forget frames not answered yet, by seq: whose, and what the unregistration awaits.
+        self._forgetting: dict[int, tuple[_Client, asyncio.Future[None]]] = {}
+        plane.on_shm_forgotten(self._forget)
 
     @property
     def channels(self) -> list[str]:
@@ -106,6 +117,9 @@ class ChannelServer:
         if client is None:
             return
         client.link.mute()  # answers of what still runs are dropped
+        for seq, (whose, _) in list(self._forgetting.items()):
+            if whose is client:  # gone: it reads no region any more
+                _forgot(self._forgetting.pop(seq))
         if client.tasks:
             await asyncio.gather(*client.tasks, return_exceptions=True)
         HOST_MEMORY.withdraw(client.link.endpoint.peer_arena.address)  # no copy from it is left
@@ -131,10 +145,37 @@ class ChannelServer:
                         client.link.release(block)
             elif isinstance(message, Cancel):
                 _give_up(client, message.seq)
+            elif isinstance(message, Forgotten):
+                _forgot(self._forgetting.pop(message.seq, None))
             elif isinstance(message, Infer):
                 self._start_infer(client, message)
             else:
                 self._track(client, self._call(client, message))
+
+    async def _forget(self, name: str) -> None:
+        """Every front end drops system region ``name`` ("": all) before its unregistration is
+        answered, so that no front end reads or writes it after the client was told it is gone
+        (front ends read regions themselves: ``transport/regions.py``)."""
+        loop = asyncio.get_running_loop()
+        waiting: dict[int, asyncio.Future[None]] = {}
+        for client in self._clients.values():
+            seq = next(self._forgets)
+            waiting[seq] = loop.create_future()
+            self._forgetting[seq] = (client, waiting[seq])
+            client.link.send(encode(Forget(seq, name)))
+        if not waiting:
+            return
+        _, late = await asyncio.wait(waiting.values(), timeout=FORGET_TIMEOUT_S)
+        for seq in waiting:
+            self._forgetting.pop(seq, None)
+        if late:
+            logger.warning(
+                "%d front end(s) did not confirm within %.0f s that they dropped shared memory "
+                "region '%s'",
+                len(late),
+                FORGET_TIMEOUT_S,
+                name or "(all)",
+            )
 
     def _track(self, client: _Client, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.get_running_loop().create_task(work)
@@ -246,6 +287,11 @@ class ChannelServer:
                 logger.exception("call %s on channel %s failed", message.method, client.link.id)
             reply = encode(failure(message.seq, exc))
         client.link.send(reply)
+
+
+def _forgot(entry: tuple[_Client, asyncio.Future[None]] | None) -> None:
+    if entry is not None and not entry[1].done():
+        entry[1].set_result(None)
 
 
 def _give_up(client: _Client, seq: int) -> None:

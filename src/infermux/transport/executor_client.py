@@ -39,6 +39,8 @@ from infermux.ipc.wire import (
     Call,
     Cancel,
     Failure,
+    Forget,
+    Forgotten,
     Infer,
     Regroup,
     Release,
@@ -64,6 +66,7 @@ from infermux.types import (
 from .grouping import GROUP_LIMIT
 from .link import Link
 from .micro_batcher import MicroBatcher
+from .regions import RegionCopies, in_shared_memory
 
 logger = logging.getLogger(__name__)
 
@@ -112,6 +115,7 @@ class RemoteExecutor:
         self._metadata = metadata
         self._ready_timeout_s = ready_timeout_s
         self._batches = MicroBatcher(self, group_limit)
+        self._regions = RegionCopies(self.shm_status)  # system regions read here
         self._probes: dict[tuple[str, ...], asyncio.Future[Any]] = {}  # readiness calls in flight
         self._link: Link | None = None
         self._pending: dict[int, _Pending] = {}
@@ -139,6 +143,7 @@ class RemoteExecutor:
     def attach(self, spec: ChannelSpec) -> None:
         """Start forwarding over the channel ``spec`` (replacing any previous one)."""
         self.detach("the executor was replaced")
+        self._regions.clear()  # a new executor's registrations are told afresh
         self._link = Link(Endpoint(spec, "frontend"), self._on_frames)
         self._channel = spec.id
         logger.debug("attached to executor channel %s", spec.id)
@@ -184,6 +189,10 @@ class RemoteExecutor:
             return
         for frame in frames:
             message = to_frontend(frame)
+            if isinstance(message, Forget):  # before any request of this iteration reads it
+                self._regions.forget(message.name)
+                link.send(encode(Forgotten(message.seq)))
+                continue
             if self._batches.answered(link, message):
                 continue
             entry = self._pending.pop(message.seq, None)
@@ -221,6 +230,14 @@ class RemoteExecutor:
 
     async def infer(self, request: InferRequest) -> InferResponse:
         link = self.require()
+        if in_shared_memory(request):
+            resolved = self._regions.resolve(request)
+            if resolved is not None:
+                response = await self._infer(link, resolved.request)
+                return self._regions.place(response, resolved.placements)
+        return await self._infer(link, request)
+
+    async def _infer(self, link: Link, request: InferRequest) -> InferResponse:
         key = self._batches.key(request)
         if key is not None:
             return await self._batches.infer(key, request)
@@ -367,7 +384,10 @@ class RemoteExecutor:
         await self._call("rollback", name)
 
     async def shm_register(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        epoch = self._regions.epoch
         await self._call("shm_register", name, key, offset, byte_size)
+        if epoch == self._regions.epoch:  # no unregistration crossed the answer
+            self._regions.learn(name, key, offset, byte_size)
 
     async def shm_unregister(self, name: str = "") -> None:
         await self._call("shm_unregister", name)
