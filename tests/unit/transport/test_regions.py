@@ -22,6 +22,7 @@ from infermux.types import (
     SHM_REGION,
     InferRequest,
     InferResponse,
+    Parameters,
     RequestedOutput,
     SharedMemoryRegion,
     Tensor,
@@ -56,7 +57,7 @@ async def ends(tmp_path: Path) -> AsyncIterator[Ends]:
 
 
 def from_region(region: str, offset: int = 0) -> InferRequest:
-    where = {SHM_REGION: region, SHM_BYTE_SIZE: 16, SHM_OFFSET: offset}
+    where: Parameters = {SHM_REGION: region, SHM_BYTE_SIZE: 16, SHM_OFFSET: offset}
     empty = np.empty(0, np.float32)
     return InferRequest("plus_one", "", [Tensor("INPUT__0", "FP32", (1, 4), empty, where)])
 
@@ -126,7 +127,7 @@ async def test_outputs_placed_by_the_front_end_land_in_their_regions(
     await ends.remote.shm_register("in", segments[0].name, 0, 2048)
     await ends.remote.shm_register("out", segments[1].name, 2048, 2048)
     request = from_region("in")
-    where = {SHM_REGION: "out", SHM_BYTE_SIZE: 16, SHM_OFFSET: 32}
+    where: Parameters = {SHM_REGION: "out", SHM_BYTE_SIZE: 16, SHM_OFFSET: 32}
     request.outputs = [RequestedOutput("OUTPUT__0", where)]
     (out,) = (await ends.remote.infer(request)).outputs
     assert out.parameters == {SHM_REGION: "out", SHM_BYTE_SIZE: 16, SHM_OFFSET: 32}
