@@ -10,8 +10,22 @@ answered by the front end itself.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+from tritonclient.grpc import model_config_pb2 as config_pb
 
 from infermux.dataplane.operations import Operations
+from infermux.model_config import ModelConfig
+from infermux.routing.router import TrafficReport
+from infermux.types import (
+    CudaSharedMemoryRegion,
+    ModelMetadata,
+    ModelStats,
+    RepositoryIndexEntry,
+    SharedMemoryRegion,
+)
 
 CALLS = frozenset(
     name
@@ -19,3 +33,26 @@ CALLS = frozenset(
     if inspect.iscoroutinefunction(member) and name != "infer"
 )
 """The data-plane methods a ``Call`` frame may name; anything else is refused."""
+
+
+def _as(kind: Any) -> Callable[[Any], Any]:
+    return lambda value: msgspec.convert(value, type=kind)
+
+
+def _config(value: Any) -> ModelConfig:
+    return ModelConfig.from_proto(config_pb.ModelConfig.FromString(value))
+
+
+# How each call's result is rebuilt from msgpack builtins (the executor encodes the dataclasses
+# as maps and a model config as its protobuf bytes).
+RESULT: dict[str, Callable[[Any], Any]] = {
+    "traffic": _as(TrafficReport),
+    "ready": bool,
+    "model_ready": bool,
+    "model_metadata": _as(ModelMetadata),
+    "model_config": _config,
+    "model_statistics": _as(list[ModelStats]),
+    "repository_index": _as(list[RepositoryIndexEntry]),
+    "shm_status": _as(list[SharedMemoryRegion]),
+    "cuda_shm_status": _as(list[CudaSharedMemoryRegion]),
+}

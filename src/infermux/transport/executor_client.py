@@ -24,12 +24,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
-
-import msgspec
-from tritonclient.grpc import model_config_pb2 as config_pb
 
 from infermux.errors import InternalError, UnavailableError
 from infermux.ipc import Block, ChannelSpec, Endpoint
@@ -63,35 +59,13 @@ from infermux.types import (
     SharedMemoryRegion,
 )
 
+from .calls import RESULT
 from .grouping import GROUP_LIMIT
 from .link import Link
 from .micro_batcher import MicroBatcher
 from .regions import RegionCopies, in_shared_memory
 
 logger = logging.getLogger(__name__)
-
-
-def _as(kind: Any) -> Callable[[Any], Any]:
-    return lambda value: msgspec.convert(value, type=kind)
-
-
-def _config(value: Any) -> ModelConfig:
-    return ModelConfig.from_proto(config_pb.ModelConfig.FromString(value))
-
-
-# How each call's result is rebuilt from msgpack builtins (the executor encodes the dataclasses
-# as maps and a model config as its protobuf bytes).
-_RESULT: dict[str, Callable[[Any], Any]] = {
-    "traffic": _as(TrafficReport),
-    "ready": bool,
-    "model_ready": bool,
-    "model_metadata": _as(ModelMetadata),
-    "model_config": _config,
-    "model_statistics": _as(list[ModelStats]),
-    "repository_index": _as(list[RepositoryIndexEntry]),
-    "shm_status": _as(list[SharedMemoryRegion]),
-    "cuda_shm_status": _as(list[CudaSharedMemoryRegion]),
-}
 
 
 @dataclass(slots=True)
@@ -305,7 +279,7 @@ class RemoteExecutor:
         self._pending[seq] = entry
         link.send(encode(Call(seq, method, list(args), kwargs)))
         result: Result = await entry.future
-        convert = _RESULT.get(method)
+        convert = RESULT.get(method)
         return convert(result.value) if convert is not None else None
 
     def live(self) -> bool:
