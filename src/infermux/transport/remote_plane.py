@@ -183,11 +183,14 @@ class RemoteDataPlane:
             if exc.code not in _RETRIED or exc.reason in (REJECTED, BACKEND):
                 raise
             retry = exc
+        # Who was away when it failed: one that re-attaches while the map is asked for again
+        # may be missing from the answer (asked before it was back), yet it may host the model.
+        away = [e for e in self._executors if not e.attached]
         hosts = await self._hosts_of(request.model_name, refresh=True)
         other = self._least_busy([e for e in hosts if e is not chosen and e.attached])
         if other is not None:
             return await self._send(other, request)
-        down = [e for e in self._executors if not e.attached]
+        down = away or [e for e in self._executors if not e.attached]
         if retry.code is ErrorCode.NOT_FOUND and down:
             # Nobody here knows the model, but an executor that may host it is restarting.
             raise UnavailableError(

@@ -235,3 +235,34 @@ def test_index_merge_keeps_the_most_ready_row() -> None:
         RepositoryIndexEntry("b", "2", "UNAVAILABLE", "x"),
         RepositoryIndexEntry("c", "", "UNAVAILABLE", "bad config"),
     ]
+
+
+async def test_a_model_of_an_executor_back_during_the_retry_is_unavailable_not_unknown(
+    two: Two,
+) -> None:
+    # Regression (a flaky e2e restart test): executor 0 alone hosts simple_string and is away
+    # before this front end learnt who hosts what, so the request falls back to executor 1
+    # ("unknown model"); executor 0 comes back while the retry asks again who hosts what, so
+    # the answer misses it and nobody is down any more. That must be the 503 of a restart.
+    await asyncio.sleep(0.05)  # the host learning that attaching started is over
+    zero = two.executors[0]
+    two.remote.detach("executor-0 exited", zero.channel.spec.id)
+    two.remote._hosts.clear()  # not learnt before executor 0 went away
+    one = two.remote._executors[1]
+    real_index = one.repository_index
+    asked = 0
+
+    async def index(*, ready_only: bool = False) -> list[RepositoryIndexEntry]:
+        nonlocal asked
+        asked += 1
+        rows = await real_index(ready_only=ready_only)
+        if asked == 2:  # the retry's asking: executor 0 is back meanwhile
+            two.remote.attach(zero.channel.spec, 0)
+        return rows
+
+    one.repository_index = index  # type: ignore[method-assign]
+    with pytest.raises(InfermuxError, match="'simple_string' is not served now") as failed:
+        await two.remote.infer(strings(1))
+    assert failed.value.code is ErrorCode.UNAVAILABLE
+    assert asked >= 2
+    assert (await two.remote.infer(strings(2))).outputs  # and executor 0 serves it now
