@@ -118,7 +118,15 @@ class RemoteExecutor:
         """Start forwarding over the channel ``spec`` (replacing any previous one)."""
         self.detach("the executor was replaced")
         self._regions.clear()  # a new executor's registrations are told afresh
-        self._link = Link(Endpoint(spec, "frontend"), self._on_frames)
+        try:
+            endpoint = Endpoint(spec, "frontend")
+        except OSError as exc:
+            # Not raised: the caller is the loop that follows the supervisor, which must live on
+            # to hear of the next channel (or to be told to stop).
+            logger.error("cannot attach to executor channel %s: %s", spec.id, exc)
+            self._why_detached = f"cannot attach to the executor's channel: {exc}"
+            return
+        self._link = Link(endpoint, self._on_frames)
         self._channel = spec.id
         logger.debug("attached to executor channel %s", spec.id)
 

@@ -182,6 +182,31 @@ async def test_detached_front_end_answers_unavailable(pair: Pair) -> None:
     assert exc.value.code is ErrorCode.UNAVAILABLE
 
 
+async def test_a_channel_that_cannot_be_opened_leaves_the_front_end_detached_not_broken(
+    pair: Pair, tmp_path: Path
+) -> None:
+    # Regression: attach raised when a channel's files could not be opened, which ended the
+    # front end's loop that follows the supervisor (it would never hear of the next channel).
+    spare = Channel(tmp_path, ring_bytes=64 * 1024, arena_bytes=64 * 1024)
+    spec = spare.spec
+    spare.close()  # its files are removed: opening them fails
+    pair.remote.attach(spec)
+    assert not pair.remote.attached
+    assert not await pair.remote.ready()
+    a = np.ones((1, 16), dtype=np.int32)
+    with pytest.raises(InfermuxError, match="cannot attach to the executor's channel") as exc:
+        await pair.remote.infer(simple_request(a, a))
+    assert exc.value.code is ErrorCode.UNAVAILABLE
+    good = Channel(tmp_path, ring_bytes=64 * 1024, arena_bytes=1024 * 1024)
+    pair.server.attach(good.spec)
+    pair.remote.attach(good.spec)  # the next channel works
+    try:
+        assert (await pair.remote.infer(simple_request(a, a))).outputs
+    finally:
+        pair.remote.detach("test over")
+        good.close()
+
+
 async def test_requests_in_flight_fail_unavailable_when_the_executor_goes(pair: Pair) -> None:
     import asyncio
 
