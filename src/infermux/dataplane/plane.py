@@ -22,8 +22,8 @@ from infermux.ipc.arena import Block
 from infermux.model_config import ModelConfig
 from infermux.observability.tracing import TRACING
 from infermux.repository import LoadedModel, ModelRepository
-from infermux.routing.policy import TrafficPolicy, parse_policy
-from infermux.routing.router import Router, TrafficReport
+from infermux.routing.policy import parse_policy
+from infermux.routing.router import Route, Router, TrafficReport
 from infermux.routing.shadow import ShadowRuns, copied
 from infermux.scheduling.base import Completion
 from infermux.types import (
@@ -137,13 +137,14 @@ class DataPlane:
     async def infer(self, request: InferRequest) -> InferResponse:
         """Validate, schedule and run one request; raises an :class:`InfermuxError` on failure."""
         started = time.perf_counter_ns()
-        model, policy = self.router.route(request)
+        route = self.router.route(request)
         if TRACING.tracer is None or not TRACING.sampled(request.trace_context):
-            return await self._infer(model, policy, request, started)
+            return await self._infer(route, request, started)
+        model = route.model
         with TRACING.request_span(
             model.name, str(model.version), request.id, request.trace_context
         ):
-            return await self._infer(model, policy, request, started)
+            return await self._infer(route, request, started)
 
     async def infer_many(
         self,
@@ -166,12 +167,14 @@ class DataPlane:
         started = time.perf_counter_ns()
         if TRACING.tracer is not None:
             raise Ungroupable("tracing is on: every request gets its own span")
-        model, policy = self.router.route(request)
-        why = ungroupable(model, policy, sum(rows))
+        # No shadow is sampled: a policy with one makes the requests ungroupable.
+        route = self.router.route(request, mirror=False)
+        model = route.model
+        why = ungroupable(model, route.policy, sum(rows))
         if why:
             raise Ungroupable(why)
         if not (inputs_apart or outputs_apart):
-            return await self._infer(model, policy, request, started, rows)
+            return await self._infer(route, request, started, rows)
         staged: list[Block] = []
         try:
             regions = self._regions
@@ -181,7 +184,7 @@ class DataPlane:
                 wanted = per_request(request.outputs, len(rows))
                 check_output_regions(model.config, wanted, rows, regions)
                 stacked.outputs = [RequestedOutput(o.name) for o in wanted[0]]
-            response = await self._infer(model, policy, stacked, started, rows)
+            response = await self._infer(route, stacked, started, rows)
             if outputs_apart:
                 response.outputs = place_apart(response.outputs, rows, wanted, regions)
             elif staged:
@@ -193,19 +196,19 @@ class DataPlane:
 
     async def _infer(
         self,
-        model: LoadedModel,
-        policy: TrafficPolicy,
+        route: Route,
         request: InferRequest,
         started: int,
         members: Sequence[int] = (),
     ) -> InferResponse:
+        model = route.model
         staged: list[Block] = []  # shared-memory inputs read into the staging arena
         try:
             device = self._read_shared_memory(model, request, staged)
             model_request = to_model_request(model.config, request, device, self._limits)
             if TRACING.tracer is not None:
                 TRACING.annotate_request(model_request.batch_size)
-            done = await self._schedule(model, policy, model_request)
+            done = await self._schedule(route, model_request)
             outputs = self._place_outputs(request, done.outputs)
             if staged:
                 outputs = self._shm.unstaged(outputs)
@@ -250,18 +253,16 @@ class DataPlane:
                 tensor.data = self._shm.read(tensor, staged)
         return device
 
-    async def _schedule(
-        self, model: LoadedModel, policy: TrafficPolicy, model_request: ModelRequest
-    ) -> Completion:
-        """The model's scheduler runs the request; a shadow of it, when the policy asks for
-        one, runs after it and is compared with its answer."""
-        mirror = self.router.shadow(model, policy)
-        if mirror is None:
-            return await model.scheduler.submit(model_request)
+    async def _schedule(self, route: Route, model_request: ModelRequest) -> Completion:
+        """The model's scheduler runs the request; a shadow of it, when the route has one,
+        runs after it and is compared with its answer."""
+        scheduler = route.model.scheduler
+        if route.shadow is None:
+            return await scheduler.submit(model_request)
         copy = copied(model_request)  # now: shared-memory inputs are gone after the answer
         submitted = time.perf_counter_ns()
-        done = await model.scheduler.submit(model_request)
-        self._shadows.start(mirror, copy, done.outputs, time.perf_counter_ns() - submitted)
+        done = await scheduler.submit(model_request)
+        self._shadows.start(route.shadow, copy, done.outputs, time.perf_counter_ns() - submitted)
         return done
 
     def _succeeded(

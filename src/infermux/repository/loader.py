@@ -11,7 +11,6 @@ from pathlib import Path
 
 from infermux.backends import stacking
 from infermux.backends.base import BackendInstance, ModelContext
-from infermux.backends.outputs import to_output_tensors
 from infermux.backends.paths import model_path_of
 from infermux.backends.precision import CALIBRATION_DATA
 from infermux.backends.registry import BackendRegistry
@@ -76,12 +75,10 @@ async def build_version(
         instances=[p.name for p in mine],
         histograms=histograms,
     )
-    scheduler = DynamicBatcher(
+    scheduler = DynamicBatcher.for_model(
+        config,
         f"{config.name}_v{version}",
         instances,
-        finish=functools.partial(to_output_tensors, config),
-        batching=config.dynamic_batching,
-        max_batch_size=config.max_batch_size,
         compatible=stacking.compatible if backend.stacks_inputs else None,
         stats=stats,
         execution_timeout_s=timeout_ms / 1000 if timeout_ms else None,

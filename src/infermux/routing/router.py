@@ -26,13 +26,12 @@ from infermux.repository import LoadedModel, ModelRepository
 from infermux.routing.policy import (
     CONFIG_PARAMETER,
     EMPTY,
-    ShadowPolicy,
     TrafficPolicy,
     parse_policy,
 )
 from infermux.types import InferRequest
 
-from .shadow import ShadowStats
+from .shadow import Mirror, ShadowStats
 
 ROUTING_KEY_PARAMETER = "routing_key"
 """The request parameter holding a sticky key when the policy names none (front ends also put
@@ -64,6 +63,15 @@ class _Model:
     shadows: dict[int, ShadowStats] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True)
+class Route:
+    """The router's one decision for a request."""
+
+    model: LoadedModel  # the version that answers
+    policy: TrafficPolicy  # in force for the model (micro-batches refuse weights and shadows)
+    shadow: Mirror | None  # where a copy of the request also runs, compared and never answered
+
+
 class Router:
     """Routes requests of every model of ``repository``."""
 
@@ -74,32 +82,37 @@ class Router:
 
     # -- the request path -------------------------------------------------------------------------
 
-    def route(self, request: InferRequest) -> tuple[LoadedModel, TrafficPolicy]:
-        """The version that answers ``request``, and the policy in force (for :meth:`shadow`);
-        raises like ``repository.get`` when no version can answer."""
+    def route(self, request: InferRequest, *, mirror: bool = True) -> Route:
+        """Where ``request`` goes: the version that answers it, the policy in force, and the
+        shadow it is mirrored to (decided now, once; ``mirror=False``: none is sampled, for a
+        caller that refuses policies with a shadow anyway). Raises like ``repository.get``
+        when no version can answer."""
+        policy = self.policy(request.model_name)
+        model = self._version(request, policy)
+        shadow = self._shadow(model, policy) if mirror else None
+        return Route(model, policy, shadow)
+
+    def _version(self, request: InferRequest, policy: TrafficPolicy) -> LoadedModel:
         name = request.model_name
-        policy = self.policy(name)
         if request.model_version:
-            return self._repository.get(name, request.model_version), policy
+            return self._repository.get(name, request.model_version)
         if not policy.weights:
-            return self._repository.get(name), policy
+            return self._repository.get(name)
         serving = self._repository.serving(name)
         choices = [(v, w) for v, w in sorted(policy.weights.items()) if w > 0 and v in serving]
         if not choices:  # the weighted versions are not served (yet): the default one answers
-            return self._repository.get(name), policy
+            return self._repository.get(name)
         key = _sticky_key(request.parameters, policy.sticky_key)
         if key:
-            return serving[_rendezvous(key, choices)], policy
+            return serving[_rendezvous(key, choices)]
         pick = self._random() * sum(w for _, w in choices)
         for version, weight in choices:
             pick -= weight
             if pick < 0:
-                return serving[version], policy
-        return serving[choices[-1][0]], policy
+                return serving[version]
+        return serving[choices[-1][0]]
 
-    def shadow(
-        self, model: LoadedModel, policy: TrafficPolicy
-    ) -> tuple[ShadowPolicy, LoadedModel, ShadowStats] | None:
+    def _shadow(self, model: LoadedModel, policy: TrafficPolicy) -> Mirror | None:
         """Where to mirror a request ``model`` answers under ``policy``, or None (no shadow, not
         this time, or the candidate is the primary or is not served)."""
         shadow = policy.shadow

@@ -54,6 +54,10 @@ class ShadowStats:
         }
 
 
+Mirror = tuple[ShadowPolicy, LoadedModel, ShadowStats]
+"""A shadow run to start: the policy's shadow settings, the candidate version, its figures."""
+
+
 @dataclass(slots=True)
 class Comparison:
     agreed: bool
@@ -118,7 +122,7 @@ class ShadowRuns:
 
     def start(
         self,
-        mirror: tuple[ShadowPolicy, LoadedModel, ShadowStats],
+        mirror: Mirror,
         request: ModelRequest | None,
         primary: Sequence[Tensor],
         primary_ns: int,
@@ -142,7 +146,7 @@ class ShadowRuns:
 
 
 async def _run(
-    mirror: tuple[ShadowPolicy, LoadedModel, ShadowStats],
+    mirror: Mirror,
     request: ModelRequest,
     primary: Sequence[Tensor],
     primary_ns: int,

@@ -18,13 +18,15 @@ import time
 from collections.abc import Callable, Sequence
 
 from infermux.backends.base import BackendInstance, ExecuteResult, ModelRequest
+from infermux.backends.outputs import to_output_tensors
 from infermux.errors import FailureReason, InfermuxError, InternalError, RejectedError
-from infermux.model_config import DynamicBatchingConfig
+from infermux.model_config import DynamicBatchingConfig, ModelConfig
 from infermux.observability.statistics import ModelStatistics
 from infermux.observability.tracing import TRACING
 from infermux.scheduling.base import Completion, Finisher
 from infermux.scheduling.instances import ExecutionTimeout, InstanceSlot, Reload
 from infermux.scheduling.queue import TIMED_OUT, Pending, RequestQueue
+from infermux.types import Tensor
 
 logger = logging.getLogger(__name__)
 
@@ -90,6 +92,39 @@ class DynamicBatcher:
             loop.create_task(self._work(i), name=f"{name}-worker{i}")
             for i in range(len(self._slots))
         ]
+
+    @classmethod
+    def for_model(
+        cls,
+        config: ModelConfig,
+        name: str,
+        instances: Sequence[BackendInstance],
+        *,
+        compatible: Compatible | None = None,
+        stats: ModelStatistics | None = None,
+        execution_timeout_s: float | None = None,
+        reloads: Sequence[Reload | None] = (),
+        replaced: Callable[[int, BackendInstance], None] | None = None,
+    ) -> DynamicBatcher:
+        """The scheduler of a loaded model: batching as ``config`` says, and each request's raw
+        result checked against the config's outputs and cast to their types
+        (:func:`~infermux.backends.outputs.to_output_tensors`) before it is answered."""
+
+        def finish(request: ModelRequest, result: ExecuteResult) -> list[Tensor]:
+            return to_output_tensors(config, request, result)
+
+        return cls(
+            name,
+            instances,
+            finish=finish,
+            batching=config.dynamic_batching,
+            max_batch_size=config.max_batch_size,
+            compatible=compatible,
+            stats=stats,
+            execution_timeout_s=execution_timeout_s,
+            reloads=reloads,
+            replaced=replaced,
+        )
 
     @property
     def pending(self) -> int:

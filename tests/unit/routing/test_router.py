@@ -50,7 +50,7 @@ async def test_canary_split_is_within_3_percent_over_10k_requests(
     router = Router(repository, rng=random.Random(7))
     for weights in ({1: 90.0, 2: 10.0}, {1: 70.0, 2: 30.0}, {1: 1.0, 2: 1.0, 3: 2.0}):
         router.set_policy("m", TrafficPolicy(weights=weights))
-        counts = Counter(router.route(request())[0].version for _ in range(10_000))
+        counts = Counter(router.route(request()).model.version for _ in range(10_000))
         total = sum(weights.values())
         for version, weight in weights.items():
             assert abs(counts[version] / 10_000 - weight / total) < 0.03, (weights, counts)
@@ -58,27 +58,27 @@ async def test_canary_split_is_within_3_percent_over_10k_requests(
 
 async def test_without_a_policy_the_highest_version_answers(repository: ModelRepository) -> None:
     router = Router(repository)
-    assert {router.route(request())[0].version for _ in range(50)} == {3}
-    assert router.route(request(version="1"))[0].version == 1
+    assert {router.route(request()).model.version for _ in range(50)} == {3}
+    assert router.route(request(version="1")).model.version == 1
 
 
 async def test_sticky_keys_stay_on_one_version_and_few_move(repository: ModelRepository) -> None:
     router = Router(repository, rng=random.Random(1))
     router.set_policy("m", TrafficPolicy(weights={1: 90.0, 2: 10.0}, sticky_key="user"))
     keys = [f"user-{i}" for i in range(10_000)]
-    before = {key: router.route(request(key))[0].version for key in keys}
+    before = {key: router.route(request(key)).model.version for key in keys}
     for key in keys[:100]:  # the same key, asked again, lands on the same version
-        assert {router.route(request(key))[0].version for _ in range(5)} == {before[key]}
+        assert {router.route(request(key)).model.version for _ in range(5)} == {before[key]}
     assert abs(sum(v == 2 for v in before.values()) / 10_000 - 0.10) < 0.03
     # Weights move 10 points: about 10% of keys move, all of them from 1 to 2.
     router.set_policy("m", TrafficPolicy(weights={1: 80.0, 2: 20.0}, sticky_key="user"))
-    after = {key: router.route(request(key))[0].version for key in keys}
+    after = {key: router.route(request(key)).model.version for key in keys}
     moved = [key for key in keys if before[key] != after[key]]
     assert all((before[k], after[k]) == (1, 2) for k in moved)
     assert 0.07 < len(moved) / 10_000 < 0.13
     # A pinned version wins over the policy; a request without the key is spread by weight.
-    assert router.route(request("user-1", version="3"))[0].version == 3
-    assert {router.route(request())[0].version for _ in range(200)} == {1, 2}
+    assert router.route(request("user-1", version="3")).model.version == 3
+    assert {router.route(request()).model.version for _ in range(200)} == {1, 2}
 
 
 async def test_the_routing_key_parameter_is_the_default_sticky_key(
@@ -88,7 +88,7 @@ async def test_the_routing_key_parameter_is_the_default_sticky_key(
     router.set_policy("m", TrafficPolicy(weights={1: 1.0, 2: 1.0}))
     req = request()
     req.parameters["routing_key"] = "alice"
-    assert len({router.route(req)[0].version for _ in range(50)}) == 1
+    assert len({router.route(req).model.version for _ in range(50)}) == 1
 
 
 async def test_promote_and_rollback_take_effect_for_the_next_request(
@@ -96,14 +96,14 @@ async def test_promote_and_rollback_take_effect_for_the_next_request(
 ) -> None:
     router = Router(repository)
     router.set_policy("m", TrafficPolicy(weights={1: 100.0}))
-    assert router.route(request())[0].version == 1
+    assert router.route(request()).model.version == 1
     router.promote("m", 2)
-    assert {router.route(request())[0].version for _ in range(20)} == {2}
+    assert {router.route(request()).model.version for _ in range(20)} == {2}
     assert router.report("m").policy == {"weights": {"2": 1.0}}
     router.rollback("m")
-    assert {router.route(request())[0].version for _ in range(20)} == {1}
+    assert {router.route(request()).model.version for _ in range(20)} == {1}
     router.rollback("m")  # back to no policy at all
-    assert router.route(request())[0].version == 3
+    assert router.route(request()).model.version == 3
     assert router.report("m").source == "none"
     with pytest.raises(InvalidArgumentError, match="no traffic policy change"):
         router.rollback("m")
@@ -128,12 +128,12 @@ async def test_the_config_policy_applies_until_an_admin_one_is_set(tmp_path: Pat
     await repository.start()
     try:
         router = Router(repository)
-        assert router.route(request())[0].version == 1
+        assert router.route(request()).model.version == 1
         assert router.report("m").source == "config"
         router.set_policy("m", TrafficPolicy(weights={2: 1.0}))
-        assert router.route(request())[0].version == 2
+        assert router.route(request()).model.version == 2
         router.set_policy("m", None)  # DELETE: the config's again
-        assert router.route(request())[0].version == 1
+        assert router.route(request()).model.version == 1
     finally:
         await repository.close()
 
@@ -239,10 +239,10 @@ async def test_a_changed_config_policy_applies_after_the_reload(tmp_path: Path) 
     await repository.start()
     try:
         router = Router(repository)
-        assert router.route(request())[0].version == 1
+        assert router.route(request()).model.version == 1
         config = (model / "config.pbtxt").read_text()
         (model / "config.pbtxt").write_text(config.replace(config_with(1), config_with(2)))
         await repository.load("m")  # what poll mode does when the file changes
-        assert {router.route(request())[0].version for _ in range(20)} == {2}
+        assert {router.route(request()).model.version for _ in range(20)} == {2}
     finally:
         await repository.close()
