@@ -36,7 +36,6 @@ import importlib.metadata
 import importlib.util
 import json
 import os
-import platform
 import re
 import shutil
 import signal
@@ -50,6 +49,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType, ModuleType
 from typing import Any
+
+import benchkit
+from benchkit import proc_cpu_seconds, stats_counters, stop_group
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -198,36 +200,12 @@ class Server:
         """SIGTERM to the group, SIGKILL to whatever is left after 15 s."""
         if self.process is None:
             return 0.0
-        started = time.monotonic()
-        pgid = self.process.pid  # start_new_session: the group id is the leader's pid
-        try:
-            os.killpg(pgid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-        try:
-            self.process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            pass
-        try:
-            os.killpg(pgid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.process.wait()
+        took = stop_group(self.process, 15)
         self.process = None
-        return time.monotonic() - started
+        return took
 
 
 # ----------------------------------------------------------------------------- client (subprocess)
-def proc_cpu_seconds(pid: int) -> float:
-    """utime + stime of every thread of ``pid``, from /proc (NaN when unreadable)."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return float("nan")
-    fields = text[text.rindex(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def cpu_ticks() -> dict[str, list[int]]:
     """Per CPU [busy, steal] clock ticks from /proc/stat (busy: user+nice+system+irq+softirq)."""
     out: dict[str, list[int]] = {}
@@ -240,19 +218,6 @@ def cpu_ticks() -> dict[str, list[int]]:
         if name.startswith("cpu") and name != "cpu":
             v = [int(x) for x in values]
             out[name] = [v[0] + v[1] + v[2] + v[5] + v[6], v[7] if len(v) > 7 else 0]
-    return out
-
-
-def stats_counters(document: Any) -> dict[str, int]:
-    stats = document["model_stats"][0]
-    out = {
-        "inference_count": int(stats["inference_count"]),
-        "execution_count": int(stats["execution_count"]),
-    }
-    for key in ("success", "queue", "compute_input", "compute_infer", "compute_output"):
-        entry = stats["inference_stats"].get(key, {"count": 0, "ns": 0})
-        out[f"{key}_count"] = int(entry["count"])
-        out[f"{key}_ns"] = int(entry["ns"])
     return out
 
 
@@ -527,24 +492,11 @@ def measure_raw(seconds: float, pin: bool) -> dict[str, Any]:
 
 # ----------------------------------------------------------------------------- environment
 def machine_info(pin: bool) -> dict[str, Any]:
-    cpu = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {
-        "platform": platform.platform(),
-        "cpu_model": cpu,
-        "nproc": os.cpu_count(),
-        "python": sys.version.split()[0],
-        "pinned": pin,
-        "server_cpu": SERVER_CPU if pin else None,
-        "client_cpu": CLIENT_CPU if pin else None,
-        "loadavg_start": [round(v, 2) for v in os.getloadavg()],
-    }
+    return benchkit.machine_info(
+        pinned=pin,
+        server_cpu=SERVER_CPU if pin else None,
+        client_cpu=CLIENT_CPU if pin else None,
+    )
 
 
 def versions() -> dict[str, str]:

@@ -17,7 +17,6 @@ import csv
 import json
 import os
 import re
-import signal
 import statistics
 import subprocess
 import sys
@@ -25,6 +24,9 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: benchkit
+from benchkit import stop_group
 
 ROOT = Path(__file__).resolve().parents[2]
 READY = re.compile(r"ready: HTTP on http://([^:]+):(\d+), gRPC on [^:]+:(\d+)")
@@ -132,8 +134,7 @@ def main() -> None:
                             flush=True,
                         )
     finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        process.wait(60)
+        stop_group(process, 60)
     rows = []
     for protocol in args.protocols.split(","):
         for c in (int(v) for v in args.concurrency.split(",")):

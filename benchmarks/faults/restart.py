@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import re
-import signal
 import statistics
 import subprocess
 import sys
@@ -32,6 +31,9 @@ from typing import Any
 import numpy as np
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: benchkit
+from benchkit import stop_group
 
 ROOT = Path(__file__).resolve().parents[2]
 READY = re.compile(r"ready: HTTP on http://([^:]+):(\d+)")
@@ -138,8 +140,7 @@ def main() -> None:
         crashes = [fault(client, 1) for _ in range(args.crashes)]
         hangs = [fault(client, 2) for _ in range(args.hangs)]
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(30)
+        stop_group(server, 30)
     result: dict[str, Any] = {
         "cores": len(os.sched_getaffinity(0)),
         "steady": {

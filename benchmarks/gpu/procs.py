@@ -8,10 +8,9 @@ behind holding GPU memory for the next server.
 from __future__ import annotations
 
 import json
-import os
-import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -19,37 +18,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-CLOCK_TICK = os.sysconf("SC_CLK_TCK")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: benchkit
+from benchkit import CLOCK_TICK, cpu_seconds, group_pids, stop_group
 
-
-def _stat_fields(pid: int) -> list[str] | None:
-    """Fields of /proc/<pid>/stat after the command name (which may contain spaces)."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return text[text.rindex(")") + 2 :].split()
-
-
-def group_pids(pgid: int) -> set[int]:
-    """Every live process whose process group is ``pgid``."""
-    pids = set()
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            fields = _stat_fields(int(entry.name))
-            if fields is not None and int(fields[2]) == pgid:
-                pids.add(int(entry.name))
-    return pids
-
-
-def cpu_seconds(pids: set[int]) -> float:
-    """utime + stime of ``pids`` (all their threads; a process that exited since is not counted)."""
-    total = 0
-    for pid in pids:
-        fields = _stat_fields(pid)
-        if fields is not None:
-            total += int(fields[11]) + int(fields[12])
-    return total / CLOCK_TICK
+__all__ = ["CLOCK_TICK", "cpu_seconds", "group_pids"]  # siblings read them from here
 
 
 def free_port() -> int:
@@ -133,20 +105,6 @@ class GroupProcess:
         """SIGTERM to the group, SIGKILL to whatever is left after ``grace`` seconds."""
         if self._process is None:
             return 0.0
-        started = time.monotonic()
-        pgid = self._process.pid
-        try:
-            os.killpg(pgid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-        deadline = time.monotonic() + grace
-        # The leader may exit before its workers: wait for the whole group, not just the leader.
-        while time.monotonic() < deadline and (self._process.poll() is None or group_pids(pgid)):
-            time.sleep(0.1)
-        try:
-            os.killpg(pgid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self._process.wait()
+        took = stop_group(self._process, grace)
         self._process = None
-        return time.monotonic() - started
+        return took

@@ -21,13 +21,15 @@ import json
 import os
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: benchkit
+from benchkit import stop_group
 
 TICK = os.sysconf("SC_CLK_TCK")
 PA_ARGS = {
@@ -228,11 +230,7 @@ def run_protocol(args: argparse.Namespace, proto: str) -> dict[str, Any]:
         result["pa_rc"] = pa.returncode
         result["pa_tail"] = (args.out / f"pa_{proto}.log").read_text()[-600:]
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
+        stop_group(server, 30)
     return result
 
 

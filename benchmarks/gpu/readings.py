@@ -4,12 +4,15 @@ versions and commit the numbers belong to (py-spy: pyspy.py)."""
 from __future__ import annotations
 
 import importlib.metadata
-import os
-import platform
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: benchkit
+from benchkit import machine_info, stats_counters
+
+__all__ = ["stats_counters"]  # siblings read it from here
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 PACKAGES = (
@@ -29,19 +32,6 @@ PACKAGES = (
     "nvidia-ml-py",
     "py-spy",
 )
-
-
-def stats_counters(document: Any) -> dict[str, int]:
-    stats = document["model_stats"][0]
-    out = {
-        "inference_count": int(stats["inference_count"]),
-        "execution_count": int(stats["execution_count"]),
-    }
-    for key in ("success", "queue", "compute_input", "compute_infer", "compute_output"):
-        entry = stats["inference_stats"].get(key, {"count": 0, "ns": 0})
-        out[f"{key}_count"] = int(entry["count"])
-        out[f"{key}_ns"] = int(entry["ns"])
-    return out
 
 
 def stats_delta(before: dict[str, int], after: dict[str, int]) -> dict[str, Any]:
@@ -65,21 +55,7 @@ def stats_delta(before: dict[str, int], after: dict[str, int]) -> dict[str, Any]
 
 
 def machine() -> dict[str, Any]:
-    cpu = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {
-        "platform": platform.platform(),
-        "cpu_model": cpu,
-        "nproc": os.cpu_count(),
-        "python": sys.version.split()[0],
-        "loadavg_start": [round(v, 2) for v in os.getloadavg()],
-    }
+    return machine_info()
 
 
 def versions() -> dict[str, str]:

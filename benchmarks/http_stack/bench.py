@@ -15,9 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
-import signal
 import socket
 import statistics
 import subprocess
@@ -36,7 +34,10 @@ SERVER_CPU = "0"
 LOADGEN_CPU = "1"
 
 sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))  # benchmarks/: benchkit
 import app as bench_app  # noqa: E402
+import benchkit  # noqa: E402
+from benchkit import stop_group  # noqa: E402
 
 ROUTES = {
     "health": ("GET", "/v2/health/ready"),
@@ -323,23 +324,9 @@ class Server:
     def stop(self) -> float:
         if self.proc is None:
             return 0.0
-        t0 = time.monotonic()
-        pgid = self.proc.pid  # start_new_session => pgid == pid
-        try:
-            os.killpg(pgid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
-        try:  # make sure stragglers (worker children) are gone too
-            os.killpg(pgid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.proc.wait()
+        took = stop_group(self.proc, 10)  # stragglers (worker children) go too
         self.proc = None
-        return time.monotonic() - t0
+        return took
 
 
 # ----------------------------------------------------------------- raw in-process cost
@@ -439,29 +426,7 @@ def measure_raw(seconds: float = 3.0) -> dict:
 
 # ----------------------------------------------------------------- env info
 def machine_info() -> dict:
-    cpu = ""
-    try:
-        for ln in Path("/proc/cpuinfo").read_text().splitlines():
-            if ln.startswith("model name"):
-                cpu = ln.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    mem = ""
-    try:
-        mem = Path("/proc/meminfo").read_text().splitlines()[0]
-    except OSError:
-        pass
-    return {
-        "platform": platform.platform(),
-        "cpu_model": cpu,
-        "nproc": os.cpu_count(),
-        "memory": mem,
-        "python": sys.version.split()[0],
-        "server_cpu": SERVER_CPU,
-        "loadgen_cpu": LOADGEN_CPU,
-        "loadavg_start": os.getloadavg(),
-    }
+    return benchkit.machine_info(server_cpu=SERVER_CPU, loadgen_cpu=LOADGEN_CPU)
 
 
 def versions() -> dict:

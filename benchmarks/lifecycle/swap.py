@@ -27,7 +27,6 @@ import math
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -39,6 +38,9 @@ from typing import Any
 import httpx
 import numpy as np
 import tritonclient.http as httpclient
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: benchkit
+from benchkit import stop_group
 
 ROOT = Path(__file__).resolve().parents[2]
 READY = re.compile(r"ready: HTTP on http://([^:]+):(\d+)")
@@ -210,8 +212,7 @@ def run(kind: str, args: argparse.Namespace) -> dict[str, Any]:
         time.sleep(1.0)
     finally:
         clients.close()
-        os.killpg(process.pid, signal.SIGTERM)
-        process.wait(60)
+        stop_group(process, 60)
         shutil.rmtree(repo, ignore_errors=True)
     return summarize(kind, clients, steady_end, windows)
 

@@ -18,7 +18,6 @@ import asyncio
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import tempfile
@@ -27,6 +26,9 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: benchkit
+from benchkit import stop_group
 
 ROOT = Path(__file__).resolve().parents[2]
 READY = re.compile(r"ready: HTTP on http://([^:]+):(\d+)")
@@ -158,8 +160,7 @@ def main() -> None:
         overload = phase(asyncio.run(open_loop(url, capacity * 3, args.seconds)))
         after = asyncio.run(failures(stats_url))
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(60)
+        stop_group(server, 60)
     ratio = overload["admitted"]["p99_ms"] / normal["admitted"]["p99_ms"]
     refused = after[0] - before[0]
     server_refusal_us = (after[1] - before[1]) / refused / 1000 if refused else float("nan")

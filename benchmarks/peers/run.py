@@ -39,6 +39,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import mlp  # this folder's helper (run.py runs as a script)
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: benchkit
+from benchkit import stop_group
+
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 SERVERS = HERE / "servers"
@@ -289,11 +292,7 @@ def run_peer(
         return f"{peer.name}: FAILED ({exc}); server log tail: {tail!r}"
     finally:
         with contextlib.suppress(ProcessLookupError):  # already gone (a failed start)
-            os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
+            stop_group(process, 30)
         log.close()
         if peer.venv == "ray":  # Ray's own processes leave the process group: stop them all
             ray = venvs / "ray" / "bin" / "ray"

@@ -18,7 +18,6 @@ import os
 import re
 import secrets
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -26,6 +25,9 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: benchkit
+from benchkit import stop_group
 
 ROOT = Path(__file__).resolve().parents[2]
 READY = re.compile(r"ready: HTTP on http://([^:]+):(\d+), gRPC on ([0-9.]+):(\d+)")
@@ -79,8 +81,7 @@ def start(repo: Path, *extra: str) -> tuple[subprocess.Popen[str], str, str]:
 
 
 def stop(server: subprocess.Popen[str]) -> None:
-    os.killpg(server.pid, signal.SIGTERM)
-    server.wait(120)
+    stop_group(server, 120)
 
 
 def bench(url: str, protocol: str, model: str, concurrency: int, seconds: float) -> dict[str, Any]:

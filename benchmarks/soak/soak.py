@@ -16,7 +16,6 @@ import argparse
 import json
 import os
 import re
-import signal
 import statistics
 import subprocess
 import sys
@@ -24,6 +23,9 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: benchkit
+from benchkit import stop_group
 
 ROOT = Path(__file__).resolve().parents[2]
 READY = re.compile(r"ready: HTTP on http://([^:]+):(\d+)")
@@ -111,8 +113,7 @@ def main() -> None:
     finally:
         done.set()
         watcher.join()
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(60)
+        stop_group(server, 60)
     seconds = time.monotonic() - started
     text = load.stdout
     statuses = {int(c): int(n) for c, n in re.findall(r"\[(\d+)\]\s+(\d+) responses", text)}

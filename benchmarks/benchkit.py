@@ -1,0 +1,116 @@
+"""What every benchmark script needs from the machine: which one it is, how much CPU a process
+group used, and how to stop a server's whole process group.
+
+Benchmarks are scripts run by path (``python benchmarks/x.py``, ``python benchmarks/gpu/run.py``),
+not a package: scripts in a sub-folder put ``benchmarks/`` on ``sys.path`` to import this module.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+CLOCK_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def machine_info(**extra: Any) -> dict[str, Any]:
+    """The machine a result was measured on (CPU model, cores, memory, Python, load), plus
+    ``extra`` (the script's own settings: pinned cores and the like)."""
+    cpu = memory = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+        memory = Path("/proc/meminfo").read_text().splitlines()[0]
+    except (OSError, IndexError):
+        pass
+    return {
+        "platform": platform.platform(),
+        "cpu_model": cpu,
+        "nproc": os.cpu_count(),
+        "memory": memory,
+        "python": sys.version.split()[0],
+        "loadavg_start": [round(v, 2) for v in os.getloadavg()],
+        **extra,
+    }
+
+
+def stats_counters(document: Any) -> dict[str, int]:
+    """The counters of one model's entry in a statistics-extension answer
+    (``GET /v2/models/{name}/stats``): inferences, executions, and count/ns per phase."""
+    stats = document["model_stats"][0]
+    out = {
+        "inference_count": int(stats["inference_count"]),
+        "execution_count": int(stats["execution_count"]),
+    }
+    for key in ("success", "queue", "compute_input", "compute_infer", "compute_output"):
+        entry = stats["inference_stats"].get(key, {"count": 0, "ns": 0})
+        out[f"{key}_count"] = int(entry["count"])
+        out[f"{key}_ns"] = int(entry["ns"])
+    return out
+
+
+def stat_fields(pid: int) -> list[str] | None:
+    """Fields of /proc/<pid>/stat after the command name (which may contain spaces)."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return text[text.rindex(")") + 2 :].split()
+
+
+def group_pids(pgid: int) -> set[int]:
+    """Every live process whose process group is ``pgid``."""
+    pids = set()
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            fields = stat_fields(int(entry.name))
+            if fields is not None and int(fields[2]) == pgid:
+                pids.add(int(entry.name))
+    return pids
+
+
+def cpu_seconds(pids: set[int]) -> float:
+    """utime + stime of ``pids`` (all their threads; a process that exited since is not counted)."""
+    total = 0
+    for pid in pids:
+        fields = stat_fields(pid)
+        if fields is not None:
+            total += int(fields[11]) + int(fields[12])
+    return total / CLOCK_TICK
+
+
+def proc_cpu_seconds(pid: int) -> float:
+    """utime + stime of every thread of ``pid`` (NaN when it cannot be read)."""
+    fields = stat_fields(pid)
+    if fields is None:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICK
+
+
+def stop_group(process: subprocess.Popen[Any], grace: float = 10) -> float:
+    """SIGTERM to ``process``'s group (started with ``start_new_session``: the group id is the
+    leader's pid), SIGKILL to whatever is left after ``grace`` seconds; the seconds it took.
+    The leader may exit before its workers, so the whole group is waited for, not the leader."""
+    started = time.monotonic()
+    pgid = process.pid
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    deadline = started + grace
+    while time.monotonic() < deadline and (process.poll() is None or group_pids(pgid)):
+        time.sleep(0.1)
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait()
+    return time.monotonic() - started
