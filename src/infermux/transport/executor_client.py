@@ -22,11 +22,14 @@ blocks stay allocated until the executor's answer says it no longer reads them.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
+from infermux.dataplane.operations import Operations
 from infermux.errors import InternalError, UnavailableError
 from infermux.ipc import Block, ChannelSpec, Endpoint
 from infermux.ipc.wire import (
@@ -46,17 +49,10 @@ from infermux.ipc.wire import (
     read_tensor,
     to_frontend,
 )
-from infermux.model_config import ModelConfig
-from infermux.routing.router import TrafficReport
 from infermux.types import (
-    CudaSharedMemoryRegion,
     InferRequest,
     InferResponse,
-    ModelMetadata,
-    ModelStats,
-    RepositoryIndexEntry,
     ServerMetadata,
-    SharedMemoryRegion,
 )
 
 from .calls import RESULT
@@ -72,6 +68,26 @@ logger = logging.getLogger(__name__)
 class _Pending:
     future: asyncio.Future[Any]
     blocks: list[Block] = field(default_factory=list)  # input bytes the executor may still read
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def forwarded(
+    operation: Callable[Concatenate[Any, P], Awaitable[R]],
+) -> Callable[Concatenate[RemoteExecutor, P], Coroutine[Any, Any, R]]:
+    """A :class:`RemoteExecutor` method that asks the executor for ``operation`` by name (a
+    ``Call`` frame) and returns its rebuilt result, with the operation's own signature."""
+    name = operation.__name__
+
+    async def forward(self: RemoteExecutor, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        result: R = await self._call(name, *args, **kwargs)
+        return result
+
+    functools.update_wrapper(forward, operation)  # name, doc and signature: the operation's
+    forward.__qualname__ = f"RemoteExecutor.{name}"
+    return forward
 
 
 class RemoteExecutor:
@@ -328,64 +344,26 @@ class RemoteExecutor:
         if not call.cancelled():
             call.exception()  # retrieved: every waiter may have timed out before it failed
 
-    async def model_metadata(self, name: str, version: str = "") -> ModelMetadata:
-        meta: ModelMetadata = await self._call("model_metadata", name, version)
-        return meta
-
-    async def model_config(self, name: str, version: str = "") -> ModelConfig:
-        config: ModelConfig = await self._call("model_config", name, version)
-        return config
-
-    async def model_statistics(self, name: str = "", version: str = "") -> list[ModelStats]:
-        stats: list[ModelStats] = await self._call("model_statistics", name, version)
-        return stats
-
-    async def repository_index(self, *, ready_only: bool = False) -> list[RepositoryIndexEntry]:
-        index: list[RepositoryIndexEntry] = await self._call(
-            "repository_index", ready_only=ready_only
-        )
-        return index
-
-    async def load_model(self, name: str, *, config_override: str | None = None) -> None:
-        await self._call("load_model", name, config_override=config_override)
-
-    async def unload_model(self, name: str) -> None:
-        await self._call("unload_model", name)
-
-    async def traffic(self, name: str) -> TrafficReport:
-        report: TrafficReport = await self._call("traffic", name)
-        return report
-
-    async def set_traffic(self, name: str, policy: str | None) -> None:
-        await self._call("set_traffic", name, policy)
-
-    async def promote(self, name: str, version: int) -> None:
-        await self._call("promote", name, version)
-
-    async def rollback(self, name: str) -> None:
-        await self._call("rollback", name)
-
     async def shm_register(self, name: str, key: str, offset: int, byte_size: int) -> None:
         epoch = self._regions.epoch
         await self._call("shm_register", name, key, offset, byte_size)
         if epoch == self._regions.epoch:  # no unregistration crossed the answer
             self._regions.learn(name, key, offset, byte_size)
 
-    async def shm_unregister(self, name: str = "") -> None:
-        await self._call("shm_unregister", name)
-
-    async def shm_status(self, name: str = "") -> list[SharedMemoryRegion]:
-        regions: list[SharedMemoryRegion] = await self._call("shm_status", name)
-        return regions
-
-    async def cuda_shm_register(
-        self, name: str, raw_handle: bytes, device_id: int, byte_size: int
-    ) -> None:
-        await self._call("cuda_shm_register", name, raw_handle, device_id, byte_size)
-
-    async def cuda_shm_unregister(self, name: str = "") -> None:
-        await self._call("cuda_shm_unregister", name)
-
-    async def cuda_shm_status(self, name: str = "") -> list[CudaSharedMemoryRegion]:
-        regions: list[CudaSharedMemoryRegion] = await self._call("cuda_shm_status", name)
-        return regions
+    # Plain forwarders, derived from the one Operations definition (typed as there: mypy checks
+    # each caller against the operation's own signature).
+    model_metadata = forwarded(Operations.model_metadata)
+    model_config = forwarded(Operations.model_config)
+    model_statistics = forwarded(Operations.model_statistics)
+    repository_index = forwarded(Operations.repository_index)
+    load_model = forwarded(Operations.load_model)
+    unload_model = forwarded(Operations.unload_model)
+    traffic = forwarded(Operations.traffic)
+    set_traffic = forwarded(Operations.set_traffic)
+    promote = forwarded(Operations.promote)
+    rollback = forwarded(Operations.rollback)
+    shm_unregister = forwarded(Operations.shm_unregister)
+    shm_status = forwarded(Operations.shm_status)
+    cuda_shm_register = forwarded(Operations.cuda_shm_register)
+    cuda_shm_unregister = forwarded(Operations.cuda_shm_unregister)
+    cuda_shm_status = forwarded(Operations.cuda_shm_status)
