@@ -185,6 +185,7 @@ class RemoteExecutor:
         link = self._link
         if link is None:
             return
+        self._batches.released()  # answers free places: micro-batches held for one may leave
         for frame in frames:
             message = to_frontend(frame)
             if isinstance(message, Forget):  # before any request of this iteration reads it

@@ -39,12 +39,16 @@ from infermux.types import (
 GROUP_LIMIT = 64
 """Requests per micro-batch (the executor's model batches further, up to its max_batch_size)."""
 
-GATHER_ROUNDS = 4
-"""Loop iterations a micro-batch's first request waits at most for others (while it grows)..."""
+HOLD_WHILE_IN_FLIGHT = 2
+"""While at least this many requests or micro-batches of a front end are with the executor, a new
+micro-batch waits for one of them to be answered (or to fill up) before it leaves: the executor
+is busy with this front end's work anyway, so the wait costs the requests nothing they would not
+wait in its queue, and they reach it as one frame instead of many. With fewer in flight a
+micro-batch leaves after one loop iteration, so an idle server adds no wait."""
 
-GATHER_BUSY = 4
-"""... when at least this many requests or micro-batches are in flight to the executor; one
-iteration otherwise, so that an idle server adds no wait."""
+HOLD_SECONDS = 0.002
+"""The longest a micro-batch waits for an answer to free a place (a bound in case answers stall:
+the executor's own queue would hold the requests meanwhile)."""
 
 INERT_PARAMETERS = frozenset({"triton_enable_empty_final_response"})
 """Request parameters that change nothing about how a request is queued, routed or run (Triton's

@@ -31,8 +31,8 @@ from infermux.ipc.wire import (
 from infermux.types import InferRequest, InferResponse
 
 from .grouping import (
-    GATHER_BUSY,
-    GATHER_ROUNDS,
+    HOLD_SECONDS,
+    HOLD_WHILE_IN_FLIGHT,
     UNGROUPED_SECONDS,
     GroupKey,
     Kind,
@@ -77,6 +77,7 @@ class MicroBatcher:
         self._sent: dict[int, MicroBatch] = {}  # by seq, until the executor answers
         self._ungrouped: dict[tuple[str, Kind], float] = {}  # (model, kind) -> until: alone
         self._tasks: set[asyncio.Task[None]] = set()  # micro-batches being written
+        self._wake: dict[GroupKey, asyncio.Future[None]] = {}  # leaders holding their batch
 
     @property
     def sent(self) -> int:
@@ -93,7 +94,9 @@ class MicroBatcher:
         return key
 
     def fail_all(self, error: Exception) -> None:
-        """The channel went away: every member of a micro-batch sent on it fails."""
+        """The channel went away: every member of a micro-batch sent on it fails (and holding
+        batches leave, to fail as the channel is gone)."""
+        self.released()
         sent, self._sent = self._sent, {}
         for batch in sent.values():
             for member in batch.members:
@@ -115,12 +118,14 @@ class MicroBatcher:
         batch = self._open.get(key)
         if batch is not None and len(batch.members) < self._group_limit:
             batch.members.append(member)
+            if len(batch.members) >= self._group_limit:
+                self._release_leader(key)  # full: it need not wait any longer
             return await self._answer_of(batch, member)
         # The first request of a micro-batch leads it: it waits while others join, then sends.
         batch = self._open[key] = MicroBatch(key[0])
         batch.members.append(member)
         try:
-            await self._gather(batch)
+            await self._gather(key, batch)
         except asyncio.CancelledError:
             member.future.cancel()
             self._close_batch(key, batch)
@@ -132,17 +137,37 @@ class MicroBatcher:
         self._send_live(batch)
         return await self._answer_of(batch, member)
 
-    async def _gather(self, batch: MicroBatch) -> None:
-        """Let the requests of this loop iteration join ``batch``; under load (requests in
-        flight to the executor), a few iterations more while it keeps growing. gRPC hands each
-        call to the loop in an iteration of its own, so one iteration would rarely find a
-        second request; while the executor is busy anyway the wait costs nothing it would not."""
-        busy = self._channel.in_flight() >= GATHER_BUSY
-        for round_ in range(GATHER_ROUNDS if busy else 1):
-            size = len(batch.members)
-            await asyncio.sleep(0)  # one loop iteration
-            if len(batch.members) >= self._group_limit or (round_ and len(batch.members) == size):
-                return
+    async def _gather(self, key: GroupKey, batch: MicroBatch) -> None:
+        """Let the requests of this loop iteration join ``batch``; while the executor holds
+        enough of this front end's work (:data:`~.grouping.HOLD_WHILE_IN_FLIGHT`), until an
+        answer frees a place, the batch is full, or :data:`~.grouping.HOLD_SECONDS` passed.
+        gRPC hands each call to the loop in an iteration of its own, so one iteration rarely
+        finds a second request: under load, micro-batches grow with the time the executor
+        takes, as batches do in its own queue."""
+        await asyncio.sleep(0)  # one loop iteration
+        if (
+            len(batch.members) >= self._group_limit
+            or self._channel.in_flight() < HOLD_WHILE_IN_FLIGHT
+        ):
+            return
+        wake = self._wake[key] = asyncio.get_running_loop().create_future()
+        try:
+            await asyncio.wait_for(wake, HOLD_SECONDS)
+        except (TimeoutError, asyncio.TimeoutError):  # distinct classes on Python 3.10
+            pass
+        finally:
+            if self._wake.get(key) is wake:
+                del self._wake[key]
+
+    def _release_leader(self, key: GroupKey) -> None:
+        wake = self._wake.pop(key, None)
+        if wake is not None and not wake.done():
+            wake.set_result(None)
+
+    def released(self) -> None:
+        """An answer came from the executor (a place is free): every holding batch leaves."""
+        for key in list(self._wake):
+            self._release_leader(key)
 
     def _close_batch(self, key: GroupKey, batch: MicroBatch) -> None:
         if self._open.get(key) is batch:

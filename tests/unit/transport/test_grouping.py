@@ -34,7 +34,7 @@ from infermux.types import (
     ServerMetadata,
     Tensor,
 )
-from tests.support import write_model
+from tests.support import IDENTITY_MODEL, write_model
 from tests.unit.transport.ends import connected
 
 METADATA = ServerMetadata("infermux", "test", ())
@@ -91,10 +91,16 @@ def segment() -> Iterator[shared_memory.SharedMemory]:
     block.unlink()
 
 
+SLOW_MODEL = "import time\n" + IDENTITY_MODEL.replace(
+    "        return [", "        time.sleep(0.3)\n        return ["
+)
+
+
 @pytest.fixture
 async def ends(tmp_path: Path) -> AsyncIterator[Ends]:
     write_plus_one(tmp_path / "repo")
     write_model(tmp_path / "repo", "identity", dims="[ 4 ]")
+    write_model(tmp_path / "repo", "slow", dims="[ 4 ]", source=SLOW_MODEL, extra="")
     async with connected(tmp_path / "repo", tmp_path) as (plane, remote):
         yield Ends(plane, remote)
 
@@ -125,6 +131,30 @@ async def test_alike_requests_travel_as_one_micro_batch_and_each_gets_its_rows(
     stats = await ends.stats("plus_one")
     assert stats.inference_stats["success"].count == 60  # each request counted
     assert stats.inference_count == sum(rows for _, rows in wanted)
+
+
+async def test_while_the_executor_is_busy_a_micro_batch_waits_for_an_answer_and_grows(
+    ends: Ends, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # gRPC hands each call to the loop in an iteration of its own: requests arriving one per
+    # iteration met no one after one iteration, so under load they travelled in micro-batches
+    # of 1 or 2. With two requests of this front end at the executor, the batch now waits for an
+    # answer (the bound is made long here, so only an answer can release it).
+    monkeypatch.setattr("infermux.transport.micro_batcher.HOLD_SECONDS", 30.0)
+    alone: dict[str, Any] = {"parameters": {"tag": 1}}  # its own parameter: each goes alone
+    busy = [asyncio.ensure_future(ends.remote.infer(request("slow", v, **alone))) for v in (1, 2)]
+    await asyncio.sleep(0.05)  # both with the executor (the slow model runs for 0.3 s)
+    assert ends.executor.in_flight() >= 2
+    started = asyncio.get_running_loop().time()
+    tasks = []
+    for i in range(20):
+        tasks.append(asyncio.ensure_future(ends.remote.infer(request("plus_one", float(i)))))
+        await asyncio.sleep(0)  # one request per loop iteration
+    answers = await asyncio.gather(*tasks)
+    assert [values(a)[0][0] for a in answers] == [i + 1.0 for i in range(20)]
+    assert ends.groups == [[1] * 20]  # one frame, not twenty
+    assert asyncio.get_running_loop().time() - started < 10  # released by the answer
+    assert [values(a)[0][0] for a in await asyncio.gather(*busy)] == [1.0, 2.0]
 
 
 async def test_a_lone_request_is_sent_as_it_always_was(ends: Ends) -> None:
