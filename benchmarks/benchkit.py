@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import platform
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -40,6 +41,14 @@ def machine_info(**extra: Any) -> dict[str, Any]:
         "loadavg_start": [round(v, 2) for v in os.getloadavg()],
         **extra,
     }
+
+
+def free_port() -> int:
+    """A port nothing listens on now (for servers that refuse port 0)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
 
 
 def stats_counters(document: Any) -> dict[str, int]:

@@ -8,7 +8,6 @@ behind holding GPU memory for the next server.
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -19,17 +18,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: benchkit
-from benchkit import CLOCK_TICK, cpu_seconds, group_pids, stop_group
+from benchkit import CLOCK_TICK, cpu_seconds, free_port, group_pids, stop_group
 
-__all__ = ["CLOCK_TICK", "cpu_seconds", "group_pids"]  # siblings read them from here
-
-
-def free_port() -> int:
-    """A port nothing listens on now (LitServe refuses port 0, so peers need a number)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+__all__ = ["CLOCK_TICK", "cpu_seconds", "free_port", "group_pids"]  # siblings read them from here
 
 
 def get_json(url: str, timeout: float = 5) -> Any:
