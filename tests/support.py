@@ -212,7 +212,8 @@ def start_server(*args: str, timeout: float = 120, no_arg_default: bool = False)
     command += ["--grpc-port", "0", "--metrics-port", "0", *args]
     if "--frontends" not in args:  # one process unless a test asks otherwise (auto may be more)
         command += ["--frontends", "1"]
-    if not no_arg_default and "--model-repository" not in args:
+    given = {arg.partition("=")[0] for arg in args}
+    if not no_arg_default and not given & {"--model-repository", "--model-store"}:
         command += ["--model-repository", str(builtin_repository())]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     process = subprocess.Popen(

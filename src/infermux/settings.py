@@ -18,6 +18,9 @@ DEFAULT_GRPC_MAX_MESSAGE_SIZE = (
 DEFAULT_GRPC_MAX_STREAM_IN_FLIGHT = 64  # requests of one ModelStreamInfer stream (Triton: no bound)
 DEFAULT_MAX_INPUT_ELEMENTS = 2**30  # per input: 4 GiB of FP32
 DEFAULT_MAX_BYTES_ELEMENT_SIZE = 2**28  # one BYTES element: 256 MiB
+DEFAULT_HOST = "127.0.0.1"  # local only (tritonserver binds 0.0.0.0)
+DEFAULT_SERVER_NAME = "infermux"  # what GET /v2 answers as "name" (tritonserver: "triton")
+DEFAULT_MODEL_LOAD_THREADS = 4  # tritonserver's --model-load-thread-count default
 DISABLED_PORT = -1  # a front end with this port listens on its unix socket only
 MAX_FRONTENDS = 64
 MAX_EXECUTORS = 16
@@ -170,18 +173,31 @@ class ServerSettings:
     """Everything ``infermux serve`` can be told; defaults match ``tritonserver``'s."""
 
     model_repositories: tuple[Path, ...] = field(default_factory=builtin_repositories)
-    host: str = "127.0.0.1"
+    host: str = DEFAULT_HOST
+    server_name: str = DEFAULT_SERVER_NAME
+    """The ``name`` of ``GET /v2`` and gRPC ``ServerMetadata`` (``--server-name``, ``--id``)."""
     http_port: int = 8000
     grpc_port: int = 8001
     metrics_port: int = 8002
     model_control_mode: str = "none"
     repository_poll_secs: float = 15.0
     load_models: tuple[str, ...] = ()
+    model_load_threads: int = DEFAULT_MODEL_LOAD_THREADS
+    """Models loaded at once (``--model-load-thread-count``)."""
+    exit_on_error: bool = False
+    """Stop at start-up when a model fails to load (``--exit-on-error``); by default the
+    models that loaded are served and the failure is reported (log, index, readiness)."""
     strict_readiness: bool = True
     allow_client_shm: bool = False
     log_verbose: int = 0
     log_format: str = "default"
     """``default`` (text), ``ISO8601`` (text, ISO time stamps) or ``json`` (one object a line)."""
+    log_file: Path | None = None
+    """Log lines go to this file (appended to) instead of stderr (``--log-file``)."""
+    log_info: bool = True
+    log_warning: bool = True
+    log_error: bool = True
+    """``--log-info``/``--log-warning``/``--log-error``: false drops that level's lines."""
     allow_metrics: bool = True
     allow_gpu_metrics: bool = True
     trace: TraceSettings = field(default_factory=TraceSettings)
@@ -196,6 +212,8 @@ class ServerSettings:
     http_uds: Path | None = None
     tls_cert: Path | None = None
     tls_key: Path | None = None
+    tls_http: bool = True
+    """False: TLS on gRPC only, HTTP stays plain (``--grpc-use-ssl``, as tritonserver's)."""
     auth_token_file: Path | None = None
     admin_token_file: Path | None = None
     max_shm_regions: int = 256

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from collections.abc import Sequence
 
 from infermux import __version__
 from infermux.bench import options as bench_options
+from infermux.cli.process_options import auto_executors
 from infermux.cli.serve_options import (
     SERVE_HELP,
     Parser,
     add_serve_arguments,
-    auto_executors,
     build_serve_parser,
+    parse_serve,
     parse_settings,
 )
 from infermux.errors import InfermuxError
@@ -42,11 +44,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.parse_args(argv)  # handles --help/--version and reports unknown commands
         parser.print_help(sys.stderr)
         return 2
-    settings = parse_settings(argv[1:])
+    settings, warnings = parse_serve(argv[1:])
     from infermux.processes.common import configure_logging, run
     from infermux.server import StartupError, serve
 
-    configure_logging(settings)
+    try:
+        configure_logging(settings)
+    except OSError as exc:
+        print(f"infermux: error: --log-file {settings.log_file}: {exc.strerror}", file=sys.stderr)
+        return 1
+    for warning in warnings:
+        logging.getLogger("infermux").warning("%s", warning)
     try:
         run(serve(settings))
     except (StartupError, InfermuxError) as exc:

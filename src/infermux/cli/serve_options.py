@@ -3,26 +3,31 @@
 from __future__ import annotations
 
 import argparse
-import os
-import platform
-from collections.abc import Callable, Sequence
+import dataclasses
+from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
 from infermux.cli.http_limit_options import add_http_limit_arguments, http_limits
-from infermux.cli.option_types import non_negative_int, non_negative_seconds, positive
+from infermux.cli.option_types import (
+    add_bool,
+    non_negative_int,
+    port,
+    positive,
+    verbosity,
+)
+from infermux.cli.process_options import add_process_arguments
+from infermux.cli.triton_flags import add_triton_arguments, triton_settings
 from infermux.settings import (
-    DEFAULT_FRONTEND_HEARTBEAT_TIMEOUT,
     DEFAULT_GRPC_MAX_MESSAGE_SIZE,
     DEFAULT_GRPC_MAX_STREAM_IN_FLIGHT,
-    DEFAULT_IPC_ARENA_MB,
+    DEFAULT_HOST,
     DEFAULT_MAX_BYTES_ELEMENT_SIZE,
     DEFAULT_MAX_INPUT_ELEMENTS,
     DEFAULT_MAX_INPUT_SIZE,
+    DEFAULT_SERVER_NAME,
     DEFAULT_TRACE_URL,
     DISABLED_PORT,
-    MAX_EXECUTORS,
-    MAX_FRONTENDS,
     ServerSettings,
     auto_frontends,
     builtin_repositories,
@@ -30,73 +35,11 @@ from infermux.settings import (
     parse_trace_config,
 )
 
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off"}
-
 
 class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         # One line, as the CLI contract promises; the full usage is one --help away.
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
-
-
-def _bool(value: str) -> bool:
-    lowered = value.strip().lower()
-    if lowered in _TRUE:
-        return True
-    if lowered in _FALSE:
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got '{value}'")
-
-
-def _port(value: str) -> int:
-    try:
-        port = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{value}' is not a port number") from None
-    if port != DISABLED_PORT and not 0 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"port {port} is outside 0-65535 (or -1: no TCP)")
-    return port
-
-
-def _count_or_auto(limit: int, auto: Callable[[], int]) -> Callable[[str], int]:
-    """An argparse type for ``N|auto``: 1 to ``limit``, or what ``auto`` says."""
-
-    def parse(value: str) -> int:
-        if value.strip().lower() == "auto":
-            return auto()
-        try:
-            number = int(value)
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"expected a number or 'auto', got '{value}'"
-            ) from None
-        if not 1 <= number <= limit:
-            raise argparse.ArgumentTypeError(f"must be 1-{limit}, got {value}")
-        return number
-
-    return parse
-
-
-def auto_executors(environ: dict[str, str] | None = None) -> int:
-    """Executor processes for ``--executors auto``: one per visible GPU (NVML's count, or the
-    ``CUDA_VISIBLE_DEVICES`` list when set), at most :data:`MAX_EXECUTORS`; one without GPUs
-    or off x86-64 (several executors need the shared-memory ring)."""
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        return 1
-    visible = (os.environ if environ is None else environ).get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        count = len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
-    else:
-        from infermux.runtime.nvml import NVML
-
-        count = len(NVML.read()) if NVML.available else 0
-    return max(1, min(MAX_EXECUTORS, count))
-
-
-# --frontends auto is resolved in parse_settings, which knows --ipc-arena-mb (0 stands for it).
-_frontends = _count_or_auto(MAX_FRONTENDS, lambda: 0)
-_executors = _count_or_auto(MAX_EXECUTORS, auto_executors)
 
 
 SERVE_HELP = "serve a model repository over the KServe V2 protocol"
@@ -113,6 +56,7 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> argparse.ArgumentPars
     )
     serve.add_argument(
         "--model-repository",
+        "--model-store",
         action="append",
         type=Path,
         metavar="DIR",
@@ -120,14 +64,21 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> argparse.ArgumentPars
     )
     serve.add_argument(
         "--host",
-        default="127.0.0.1",
-        help="address to bind (default 127.0.0.1: local only; use 0.0.0.0 to expose)",
+        help=f"address to bind (default {DEFAULT_HOST}: local only; use 0.0.0.0 to expose)",
     )
     serve.add_argument(
-        "--http-port", type=_port, default=8000, help="HTTP port (default 8000; 0: any; -1: none)"
+        "--server-name",
+        "--id",
+        default=DEFAULT_SERVER_NAME,
+        metavar="NAME",
+        help=f"the name GET /v2 and gRPC ServerMetadata answer (default {DEFAULT_SERVER_NAME}; "
+        "'triton' for tools that check it)",
     )
     serve.add_argument(
-        "--grpc-port", type=_port, default=8001, help="gRPC port (default 8001; 0: any; -1: none)"
+        "--http-port", type=port, default=8000, help="HTTP port (default 8000; 0: any; -1: none)"
+    )
+    serve.add_argument(
+        "--grpc-port", type=port, default=8001, help="gRPC port (default 8001; 0: any; -1: none)"
     )
     serve.add_argument(
         "--http-uds", type=Path, metavar="PATH", help="also serve HTTP on this unix socket"
@@ -181,8 +132,8 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> argparse.ArgumentPars
         metavar="BYTES",
         help=f"largest element of a BYTES input (default {DEFAULT_MAX_BYTES_ELEMENT_SIZE})",
     )
-    _add_bool(serve, "--allow-http", True, "serve the HTTP front end")
-    _add_bool(serve, "--allow-grpc", True, "serve the gRPC front end")
+    add_bool(serve, "--allow-http", True, "serve the HTTP front end")
+    add_bool(serve, "--allow-grpc", True, "serve the gRPC front end")
     serve.add_argument(
         "--grpc-max-message-size",
         type=positive(int),
@@ -201,12 +152,12 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> argparse.ArgumentPars
     )
     serve.add_argument(
         "--metrics-port",
-        type=_port,
+        type=port,
         default=8002,
         help="Prometheus metrics port, at /metrics (default 8002; 0: any; -1: none)",
     )
-    _add_bool(serve, "--allow-metrics", True, "serve Prometheus metrics")
-    _add_bool(serve, "--allow-gpu-metrics", True, "include GPU utilisation, memory and power")
+    add_bool(serve, "--allow-metrics", True, "serve Prometheus metrics")
+    add_bool(serve, "--allow-gpu-metrics", True, "include GPU utilisation, memory and power")
     serve.add_argument(
         "--trace-config",
         action="append",
@@ -219,6 +170,7 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> argparse.ArgumentPars
     )
     serve.add_argument(
         "--model-control-mode",
+        type=str.lower,
         choices=("none", "poll", "explicit"),
         default="none",
         help="none: load all at start; poll: also reload on change; explicit: load via API",
@@ -237,11 +189,11 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> argparse.ArgumentPars
         metavar="NAME",
         help="in explicit mode, model to load at startup (repeatable; '*' loads all)",
     )
-    _add_bool(serve, "--strict-readiness", True, "ready only when every model is ready")
-    _add_bool(serve, "--allow-client-shm", False, "allow clients to register shared memory")
+    add_bool(serve, "--strict-readiness", True, "ready only when every model is ready")
+    add_bool(serve, "--allow-client-shm", False, "allow clients to register shared memory")
     serve.add_argument(
         "--log-verbose",
-        type=non_negative_int,
+        type=verbosity,
         nargs="?",
         const=1,
         default=0,
@@ -261,60 +213,10 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> argparse.ArgumentPars
         metavar="BYTES",
         help=f"largest HTTP request body accepted (default {DEFAULT_MAX_INPUT_SIZE})",
     )
-    serve.add_argument(
-        "--frontends",
-        type=_frontends,
-        default=0,
-        metavar="N|auto",
-        help="front-end processes (default auto: 1 below 8 cores, else one per 4 cores up to "
-        "8, as /dev/shm allows); 1 runs everything in one process, N > 1 runs N front ends "
-        "and one executor",
-    )
-    serve.add_argument(
-        "--executors",
-        type=_executors,
-        default=1,
-        metavar="N|auto",
-        help="executor processes (default 1; auto: one per visible GPU). Each holds the "
-        "instances of its GPUs (GPU g: executor g %% N) and every N-th CPU instance, with its "
-        "own GIL; N > 1 runs the front ends in processes of their own too",
-    )
-    serve.add_argument(
-        "--ipc-arena-mb",
-        type=positive(int),
-        default=DEFAULT_IPC_ARENA_MB,
-        metavar="MIB",
-        help="with --frontends > 1: shared memory per front end for tensors in flight, each "
-        "way (default 256)",
-    )
-    serve.add_argument(
-        "--frontend-heartbeat-timeout-secs",
-        type=non_negative_seconds,
-        default=DEFAULT_FRONTEND_HEARTBEAT_TIMEOUT,
-        metavar="SECONDS",
-        help="with --frontends > 1: a front-end process that leaves the supervisor's "
-        "once-a-second heartbeat unanswered this long (stopped, hung) is killed and "
-        f"restarted (default {DEFAULT_FRONTEND_HEARTBEAT_TIMEOUT:g}; 0: never)",
-    )
-    serve.add_argument(
-        "--executor-heartbeat-timeout-secs",
-        type=non_negative_seconds,
-        default=0.0,
-        metavar="SECONDS",
-        help="the same for executor processes (default 0: never; a model that blocks the "
-        "executor's event loop this long would get it killed)",
-    )
-    serve.add_argument(
-        "--executor-ready-timeout-ms",
-        type=positive(int),
-        default=1000,
-        metavar="MS",
-        help="with --frontends > 1: how long a front end waits for the executor's readiness "
-        "answer before it answers not ready (default 1000)",
-    )
+    add_process_arguments(serve)
     serve.add_argument(
         "--exit-timeout-secs",
-        type=positive(int),
+        type=non_negative_int,
         default=30,
         metavar="SECONDS",
         help="how long shutdown waits for in-flight requests (default 30)",
@@ -338,24 +240,18 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> argparse.ArgumentPars
         "replaced",
     )
     add_http_limit_arguments(serve)
+    add_triton_arguments(serve)
     return serve
-
-
-def _add_bool(parser: argparse.ArgumentParser, flag: str, default: bool, help: str) -> None:
-    # tritonserver's boolean flags take a value (--flag=false); a bare --flag means true.
-    parser.add_argument(
-        flag,
-        type=_bool,
-        nargs="?",
-        const=True,
-        default=default,
-        metavar="BOOL",
-        help=f"{help} (default {str(default).lower()})",
-    )
 
 
 def parse_settings(argv: Sequence[str]) -> ServerSettings:
     """Parse ``serve`` flags into settings; invalid combinations exit 2 with one line."""
+    return parse_serve(argv)[0]
+
+
+def parse_serve(argv: Sequence[str]) -> tuple[ServerSettings, list[str]]:
+    """:func:`parse_settings`, and one warning line per tritonserver flag that has no effect
+    (to be logged once logging is set up, so that they follow ``--log-format``)."""
     serve_parser = build_serve_parser()
     args = serve_parser.parse_args(argv)
     if args.load_model and args.model_control_mode != "explicit":
@@ -365,11 +261,11 @@ def parse_settings(argv: Sequence[str]) -> ServerSettings:
     ports = [p for p in (args.http_port, args.grpc_port, args.metrics_port) if p > 0]
     if len(ports) != len(set(ports)):
         serve_parser.error("--http-port, --grpc-port and --metrics-port must differ")
-    for front, port, uds in (
+    for front, number, uds in (
         ("http", args.http_port, args.http_uds),
         ("grpc", args.grpc_port, args.grpc_uds),
     ):
-        if port == DISABLED_PORT and uds is None:
+        if number == DISABLED_PORT and uds is None:
             serve_parser.error(f"--{front}-port -1 needs --{front}-uds (nothing to listen on)")
     if args.http_uds is not None and args.http_uds == args.grpc_uds:
         serve_parser.error("--http-uds and --grpc-uds must differ")
@@ -381,9 +277,10 @@ def parse_settings(argv: Sequence[str]) -> ServerSettings:
     for repo in repositories:
         if not repo.is_dir():
             serve_parser.error(f"--model-repository {repo}: not a directory")
-    return ServerSettings(
+    triton, warnings = triton_settings(args, serve_parser.error)
+    settings = ServerSettings(
         model_repositories=repositories,
-        host=args.host,
+        server_name=args.server_name,
         http_port=args.http_port,
         grpc_port=args.grpc_port,
         metrics_port=args.metrics_port,
@@ -422,3 +319,4 @@ def parse_settings(argv: Sequence[str]) -> ServerSettings:
         executor_heartbeat_timeout_secs=args.executor_heartbeat_timeout_secs,
         executor_ready_timeout_ms=args.executor_ready_timeout_ms,
     )
+    return dataclasses.replace(settings, **triton), warnings

@@ -11,15 +11,18 @@ from infermux.types import ServerMetadata
 
 from .cuda_shared_memory import CudaSharedMemoryRegistry
 from .inputs import InputLimits
-from .plane import SERVER_NAME, DataPlane
+from .plane import DataPlane
 from .shared_memory import SharedMemoryRegistry
 
-# Only what is really served is announced; perf_analyzer and clients key behaviour off this list.
+# Only what is really served is announced; perf_analyzer and clients key behaviour off this list,
+# and tests/unit/dataplane/test_extensions.py calls each one's endpoint. schedule_policy: the
+# request parameters priority and timeout (scheduling/queue.py).
 EXTENSIONS = (
     "binary_tensor_data",
     "model_configuration",
     "model_repository",
     "parameters",
+    "schedule_policy",
     "statistics",
 )
 SHM_EXTENSIONS = ("system_shared_memory", "cuda_shared_memory")
@@ -31,7 +34,7 @@ def extensions(settings: ServerSettings) -> tuple[str, ...]:
 
 def server_metadata(settings: ServerSettings) -> ServerMetadata:
     """What ``GET /v2`` answers for these settings (front-end processes answer it themselves)."""
-    return ServerMetadata(SERVER_NAME, __version__, extensions(settings))
+    return ServerMetadata(settings.server_name, __version__, extensions(settings))
 
 
 def build_repository(
@@ -47,6 +50,8 @@ def build_repository(
         histograms=settings.allow_metrics,
         shard=shard,
         execution_timeout_ms=settings.execution_timeout_ms,
+        load_concurrency=settings.model_load_threads,
+        exit_on_error=settings.exit_on_error,
     )
 
 
@@ -54,6 +59,7 @@ def build_dataplane(settings: ServerSettings, repository: ModelRepository) -> Da
     return DataPlane(
         repository,
         version=__version__,
+        name=settings.server_name,
         extensions=extensions(settings),
         strict_readiness=settings.strict_readiness,
         log_requests=settings.log_verbose > 1,

@@ -69,6 +69,7 @@ class DataPlane:
         repository: ModelRepository,
         *,
         version: str,
+        name: str = SERVER_NAME,
         extensions: Sequence[str] = (),
         strict_readiness: bool = True,
         log_requests: bool = False,
@@ -84,7 +85,7 @@ class DataPlane:
         self._shm = shared_memory or SharedMemoryRegistry(enabled=False)
         self._cuda = cuda_shared_memory or CudaSharedMemoryRegistry(enabled=False)
         self._regions = Regions(self._shm, self._cuda)
-        self._metadata = ServerMetadata(SERVER_NAME, version, tuple(extensions))
+        self._metadata = ServerMetadata(name, version, tuple(extensions))
         self._strict = strict_readiness
         self._log_requests = log_requests  # --log-verbose 2: a log line per request
         self._shutting_down = False

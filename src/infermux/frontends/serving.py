@@ -158,7 +158,7 @@ class FrontEnds:
             HttpApp(self._operations, max_body=s.http_max_input_size, access=self._access),
             graceful_timeout=s.exit_timeout_secs,
             log_level="debug" if s.log_verbose > 1 else "warning",
-            tls=(self._tls.cert, self._tls.key) if self._tls is not None else None,
+            tls=(self._tls.cert, self._tls.key) if self._tls is not None and s.tls_http else None,
             limits=s.http_limits,
         )
         self._serving = asyncio.create_task(self._http.serve(self._sockets), name="http")
@@ -167,7 +167,8 @@ class FrontEnds:
     def announce(self) -> list[str]:
         """Where this process listens, as log-friendly strings (also kept in :attr:`endpoints`)."""
         s = self._settings
-        self.endpoints = http_endpoints(s.host, self._sockets, tls=self._tls is not None)
+        https = self._tls is not None and s.tls_http
+        self.endpoints = http_endpoints(s.host, self._sockets, tls=https)
         if self._grpc is not None:
             if self._grpc.bound_port is not None:
                 self.endpoints.append(f"gRPC on {s.host}:{self._grpc.bound_port}")

@@ -3,6 +3,7 @@
 One certificate and key (PEM) serve both protocols: HTTPS on every HTTP socket (one uvicorn
 server serves them all, so ``--http-uds`` speaks TLS too), TLS on gRPC's TCP port; gRPC's unix
 socket stays plain (who may connect is the socket file's permissions).
+With ``--grpc-use-ssl`` (tritonserver's flags, ``settings.tls_http`` false) only gRPC is TLS.
 The metrics port stays plain HTTP, as Triton's does (scrapers reach it inside the cluster).
 The pair is loaded once at start-up, so a wrong path, a key that does not match the
 certificate or an encrypted key fails there, naming the flag, before any model loads.

@@ -19,10 +19,27 @@ _TEXT = "%(asctime)s %(levelname)s {tag}%(name)s: %(message)s"
 
 
 def configure_logging(settings: ServerSettings, role: str = "") -> None:
-    """Log to stderr; a child process names itself (``[frontend-1]``, or a ``role`` key in
-    JSON) so that lines can be told apart."""
-    handler = logging.StreamHandler(sys.stderr)
+    """Log to stderr, or append to ``--log-file`` (every process of the server to the same
+    file); a child process names itself (``[frontend-1]``, or a ``role`` key in JSON) so that
+    lines can be told apart. ``--log-info=false`` (and warning, error) drops that level."""
+    handler: logging.Handler
+    if settings.log_file is not None:
+        handler = logging.FileHandler(settings.log_file, encoding="utf-8")
+    else:
+        handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(formatter(settings.log_format, role))
+    dropped = {
+        level
+        for level, shown in (
+            (logging.INFO, settings.log_info),
+            (logging.WARNING, settings.log_warning),
+            (logging.ERROR, settings.log_error),
+            (logging.CRITICAL, settings.log_error),
+        )
+        if not shown
+    }
+    if dropped:
+        handler.addFilter(lambda record: record.levelno not in dropped)
     logging.basicConfig(
         level=logging.DEBUG if settings.log_verbose else logging.INFO,
         handlers=[handler],

@@ -15,6 +15,7 @@ except at start-up, where a failure is the server's failure (bad repository, bus
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import multiprocessing
 import platform
@@ -194,7 +195,8 @@ class Supervisor:
 
     def _announce(self, models: list[str]) -> None:
         s = self.settings
-        self.endpoints = http_endpoints(s.host, self._sockets, tls=s.tls_cert is not None)
+        https = s.tls_cert is not None and s.tls_http
+        self.endpoints = http_endpoints(s.host, self._sockets, tls=https)
         if s.allow_grpc and self._grpc_port != DISABLED_PORT:
             self.endpoints.append(f"gRPC on {s.host}:{self._grpc_port}")
         if s.allow_grpc and s.grpc_uds is not None:
@@ -216,14 +218,16 @@ class Supervisor:
 
     # -- processes --------------------------------------------------------------------------------
 
-    async def _spawn_executor(self, index: int) -> Child:
+    async def _spawn_executor(self, index: int, *, restart: bool = False) -> Child:
         ours, theirs = socket.socketpair()
+        # --exit-on-error is about start-up: a restarted executor serves what it can load.
+        settings = dataclasses.replace(self.settings, exit_on_error=False) if restart else None
         # One executor serves the metrics socket itself; several are asked by the supervisor.
         metrics = self._metrics_sock if len(self._executors) == 1 else None
         given = self._desired.copy()
         process = self._context.Process(
             target=executor.main,
-            args=(self.settings, index, theirs, metrics, given),
+            args=(settings or self.settings, index, theirs, metrics, given),
             name=f"infermux-executor-{index}",
         )
         child = await self._launch("executor", index, process, ours, theirs)
@@ -346,7 +350,7 @@ class Supervisor:
     async def _respawn_executor(self, place: Slot) -> None:
         await asyncio.sleep(place.backoff)
         if not self._stop.is_set():
-            place.child = await self._spawn_executor(place.index)
+            place.child = await self._spawn_executor(place.index, restart=True)
 
     async def _respawn_frontend(self, slot: Slot) -> None:
         await asyncio.sleep(slot.backoff)

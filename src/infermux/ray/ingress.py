@@ -32,7 +32,9 @@ class RayServer:
         self.settings = settings
         self.deployer = Deployer(settings)
         self.dataplane = RayDataPlane(
-            self.deployer, explicit=settings.model_control_mode == "explicit"
+            self.deployer,
+            explicit=settings.model_control_mode == "explicit",
+            name=settings.server_name,
         )
         self._stop = asyncio.Event()
 

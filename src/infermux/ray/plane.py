@@ -52,12 +52,12 @@ STATUS_TTL_S = 1.0  # readiness reads Ray's application status at most this ofte
 class RayDataPlane:
     """:class:`~infermux.dataplane.Operations` over Ray Serve deployments."""
 
-    def __init__(self, deployer: Deployer, *, explicit: bool) -> None:
+    def __init__(self, deployer: Deployer, *, explicit: bool, name: str = SERVER_NAME) -> None:
         self._deployer = deployer
         self._explicit = explicit
         self._handles: dict[tuple[str, str], Any] = {}
         self._described: dict[tuple[str, str], tuple[ModelMetadata, ModelConfig]] = {}
-        self._metadata = ServerMetadata(SERVER_NAME, __version__, EXTENSIONS)
+        self._metadata = ServerMetadata(name, __version__, EXTENSIONS)
         self._shutting_down = False
         self._ready_at = 0.0
         self._ready = False

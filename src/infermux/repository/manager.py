@@ -8,7 +8,6 @@ before their instances are closed.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import logging
 import time
@@ -20,6 +19,7 @@ from infermux.errors import (
     InfermuxError,
     ModelLoadError,
     NotFoundError,
+    StartupError,
     UnavailableError,
     UnsupportedError,
 )
@@ -53,6 +53,8 @@ class ModelRepository:
         histograms: bool = False,
         shard: Shard = ONLY,
         execution_timeout_ms: int = 0,
+        load_concurrency: int = LOAD_CONCURRENCY,
+        exit_on_error: bool = False,
     ) -> None:
         self._shard = shard  # with several executors: which instances this one holds
         self._observer: LoadObserver = observer or Quiet()
@@ -64,7 +66,8 @@ class ModelRepository:
         self._startup_models = list(startup_models)
         self._poll_seconds = poll_seconds
         self._entries: dict[str, Entry] = {}
-        self._limit = asyncio.Semaphore(LOAD_CONCURRENCY)
+        self._limit = asyncio.Semaphore(load_concurrency)
+        self._exit_on_error = exit_on_error  # a failed start-up load fails start()
         self._poller: asyncio.Task[None] | None = None
 
     @property
@@ -76,9 +79,11 @@ class ModelRepository:
     async def start(self, skip: Collection[str] = ()) -> None:
         """Discover the repositories and load what the control mode says to load at startup,
         but for the models in ``skip`` (explicit mode: a restarted executor is given the models
-        clients loaded or unloaded since, and must not load them as the command line says)."""
+        clients loaded or unloaded since, and must not load them as the command line says).
+        With ``exit_on_error`` a model that fails to load raises :class:`StartupError`."""
         sources = discover_models(self._repositories)
         self._entries = {name: Entry(source) for name, source in sources.items()}
+        missing: list[str] = []
         if self._mode is ControlMode.EXPLICIT:
             wanted = list(sources) if "*" in self._startup_models else self._startup_models
             wanted = [name for name in wanted if name not in skip]
@@ -89,14 +94,23 @@ class ModelRepository:
                 self._entries[name].requested = True
         else:
             wanted = list(sources)
-        await asyncio.gather(*(self._load_at_startup(name) for name in wanted if name in sources))
+        loads = [self._load_at_startup(name) for name in wanted if name in sources]
+        failed = missing + [name for name in await asyncio.gather(*loads) if name]
+        if failed and self._exit_on_error:
+            raise StartupError(
+                f"--exit-on-error: failed to load {', '.join(failed)} (see the log above)"
+            )
         if self._mode is ControlMode.POLL:
             self._poller = asyncio.get_running_loop().create_task(self._poll_forever())
 
-    async def _load_at_startup(self, name: str) -> None:
-        # A model that fails to load is reported (log + index) and must not stop the others.
-        with contextlib.suppress(InfermuxError):  # already logged and recorded as its reason
+    async def _load_at_startup(self, name: str) -> str:
+        """``name`` when it failed to load (reported in the log and the index), else ""."""
+        # A model that fails to load must not stop the others.
+        try:
             await self.load(name)
+        except InfermuxError:  # already logged and recorded as its reason
+            return name
+        return ""
 
     async def close(self) -> None:
         """Stop polling and unload every model, letting admitted requests finish first."""

@@ -3,10 +3,12 @@ from __future__ import annotations
 import json
 import logging
 import re
+from pathlib import Path
 
 import pytest
 
-from infermux.observability.logs import RateLimitedLog, formatter
+from infermux.observability.logs import RateLimitedLog, configure_logging, formatter
+from infermux.settings import ServerSettings
 
 
 def record(**extra: object) -> logging.LogRecord:
@@ -47,3 +49,24 @@ def test_rate_limited_warnings_count_what_they_suppress(caplog: pytest.LogCaptur
         "another kind",
         "bad request from peer (4 similar suppressed)",
     ]
+
+
+def test_log_file_and_levels_turned_off(tmp_path: Path) -> None:
+    path = tmp_path / "server.log"
+    settings = ServerSettings(log_file=path, log_info=False, log_error=False)
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    try:
+        configure_logging(settings)
+        logger = logging.getLogger("infermux.x")
+        for level in (logging.INFO, logging.WARNING, logging.ERROR, logging.CRITICAL):
+            logger.log(level, "at %s", logging.getLevelName(level))
+        for handler in root.handlers:
+            handler.flush()
+    finally:
+        for handler in root.handlers:
+            handler.close()
+        root.handlers[:], root.level = saved
+    lines = path.read_text().splitlines()
+    assert len(lines) == 1
+    assert lines[0].endswith("WARNING infermux.x: at WARNING")
