@@ -178,7 +178,7 @@ def measure(variant: str, args: argparse.Namespace) -> dict[str, Any]:
         subprocess.run(client, check=True, capture_output=True)  # warm-up
         pids = group_pids(process.pid)
         before = cpu_seconds(pids)
-        client[3:5] = [str(args.requests), str(args.concurrency)]
+        client[4:6] = [str(args.requests), str(args.concurrency)]
         done = subprocess.run(client, check=True, capture_output=True, text=True)
         seconds = float(done.stdout.strip().splitlines()[-1])
         used = cpu_seconds(pids) - before
