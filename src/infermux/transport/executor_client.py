@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,7 +60,7 @@ from infermux.types import (
     SharedMemoryRegion,
 )
 
-from .calls import RESULT
+from .calls import FILE_BLOCKS, RESULT
 from .grouping import GROUP_LIMIT
 from .link import Link
 from .micro_batcher import MicroBatcher
@@ -280,10 +281,14 @@ class RemoteExecutor:
 
     # -- every other operation --------------------------------------------------------------------
 
-    async def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+    async def _call(
+        self, method: str, *args: Any, _blocks: list[Block] | None = None, **kwargs: Any
+    ) -> Any:
+        """Call ``method`` in the executor; ``_blocks``: arena blocks the call's arguments name,
+        released once the executor answered (it no longer reads them)."""
         link = self.require()
         seq = next(self._seq)
-        entry = _Pending(asyncio.get_running_loop().create_future())
+        entry = _Pending(asyncio.get_running_loop().create_future(), _blocks or [])
         self._pending[seq] = entry
         link.send(encode(Call(seq, method, list(args), kwargs)))
         result: Result = await entry.future
@@ -346,8 +351,38 @@ class RemoteExecutor:
         )
         return index
 
-    async def load_model(self, name: str, *, config_override: str | None = None) -> None:
-        await self._call("load_model", name, config_override=config_override)
+    async def load_model(
+        self,
+        name: str,
+        *,
+        config_override: str | None = None,
+        files: Mapping[str, bytes] | None = None,
+    ) -> None:
+        if not files:
+            await self._call("load_model", name, config_override=config_override, files=files)
+            return
+        # A model's files may be far larger than a ring frame: they cross in the arena, as
+        # tensors do, and the frame names their blocks (ChannelServer reads them back).
+        link = self.require()
+        blocks: list[Block] = []
+        placed: dict[str, list[int]] = {}
+        try:
+            for path, data in files.items():
+                block = await link.allocate(len(data), f"load parameter 'file:{path}'")
+                blocks.append(block)
+                link.endpoint.arena.buffer(block.offset, len(data))[:] = data
+                placed[path] = [block.offset, len(data)]
+        except BaseException:
+            for block in blocks:
+                link.release(block)
+            raise
+        await self._call(
+            "load_model",
+            name,
+            config_override=config_override,
+            **{FILE_BLOCKS: placed},
+            _blocks=blocks,
+        )
 
     async def unload_model(self, name: str) -> None:
         await self._call("unload_model", name)
