@@ -27,6 +27,7 @@ __all__ = [
     "QueuePolicyConfig",
     "TensorConfig",
     "VersionPolicy",
+    "check_supported",
     "config_datatype",
     "message_to_json_dict",
     "pb",
@@ -168,6 +169,49 @@ class ModelConfig:
         # Pickled as its protobuf bytes (the generated message class does not pickle by
         # reference): a process-isolated Python model's worker receives its config this way.
         return _from_bytes, (self.proto.SerializeToString(),)
+
+
+def check_supported(config: ModelConfig, source: str = "") -> None:
+    """Refuse a config that asks for what infermux does not do yet, naming the field.
+
+    Each of these fields changes what a model means (how requests reach it, what it answers):
+    served without it, the model would run and answer otherwise than the config says. So a load
+    fails with ``<field> is not supported yet`` rather than ignoring the field. What only tunes
+    or describes a model (``optimization``, ``metric_tags``, ``label_filename``, ...) is not
+    here. :class:`ModelConfig` itself still parses every field (``/config`` shows them all).
+    """
+    field = _unsupported_field(config.proto)
+    if field is not None:
+        raise ConfigError(source, field, f"{field} is not supported yet")
+
+
+def _unsupported_field(message: pb.ModelConfig) -> str | None:
+    if message.platform == "ensemble" or message.HasField("ensemble_scheduling"):
+        return "ensemble_scheduling"
+    if message.HasField("sequence_batching"):
+        return "sequence_batching"
+    if message.model_transaction_policy.decoupled:
+        return "model_transaction_policy.decoupled"
+    if message.response_cache.enable:
+        return "response_cache"
+    for i, group in enumerate(message.instance_group):
+        if group.HasField("rate_limiter"):
+            return f"instance_group[{i}].rate_limiter"
+        if group.passive:
+            return f"instance_group[{i}].passive"
+    for kind, tensors in (("input", message.input), ("output", message.output)):
+        for i, tensor in enumerate(tensors):
+            if kind == "input" and tensor.allow_ragged_batch:
+                return f"input[{i}].allow_ragged_batch"
+            if tensor.is_shape_tensor:
+                return f"{kind}[{i}].is_shape_tensor"
+    if message.batch_input:
+        return "batch_input"
+    if message.batch_output:
+        return "batch_output"
+    if message.model_repository_agents.agents:
+        return "model_repository_agents"
+    return None
 
 
 def _from_bytes(data: bytes) -> ModelConfig:

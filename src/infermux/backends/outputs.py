@@ -46,6 +46,8 @@ def to_output_tensors(
             raise InternalError(f"model '{model}' did not return output '{name}'")
         array = _as_datatype(model, spec, result[name])
         _check_output_shape(config, spec, array.shape, request.batch_size)
+        if spec.reshape is not None:
+            array = _as_declared(config, spec, array)
         outputs.append(Tensor(name, spec.datatype, tuple(array.shape), array))
     return outputs
 
@@ -70,6 +72,23 @@ def _as_datatype(model: str, spec: TensorConfig, value: object) -> npt.NDArray[n
         f"model '{model}' returned output '{spec.name}' as {array.dtype}, which cannot become "
         f"{spec.datatype} as the config declares"
     )
+
+
+def _as_declared(
+    config: ModelConfig, spec: TensorConfig, array: npt.NDArray[np.generic]
+) -> npt.NDArray[np.generic]:
+    """An output with ``reshape`` comes from the model in the reshape's shape and goes to the
+    client in ``dims`` (Triton: densenet_onnx's [1000, 1, 1] is served as [1000])."""
+    lead = array.shape[:1] if config.batching else ()
+    dims = spec.dims
+    if -1 in dims:
+        if dims.count(-1) > 1:  # more than one unknown: numpy cannot tell them apart
+            return array
+        known = int(np.prod([d for d in dims if d != -1]))
+        rest = int(np.prod(array.shape[len(lead) :]))
+        if known == 0 or rest % known:
+            return array
+    return array.reshape(lead + dims)
 
 
 def _check_output_shape(

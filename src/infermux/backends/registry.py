@@ -46,6 +46,13 @@ def backend_name(config: ModelConfig) -> str:
     return config.platform
 
 
+def _field(config: ModelConfig) -> str:
+    """The config field that chose the backend, as an error names it."""
+    if config.backend:
+        return f"backend '{config.backend}'"
+    return f"platform '{config.platform}'"
+
+
 class BackendRegistry:
     """Resolves backend names to :class:`Backend` objects, creating each backend once."""
 
@@ -64,7 +71,8 @@ class BackendRegistry:
         return sorted(self._factories)
 
     def get(self, config: ModelConfig) -> Backend:
-        """The backend for ``config``; raises :class:`ModelLoadError` naming what is missing."""
+        """The backend for ``config``; raises :class:`ModelLoadError` naming the field (``platform``
+        or ``backend``) that asks for what is missing."""
         name = backend_name(config)
         if not name:
             raise ModelLoadError(
@@ -74,10 +82,16 @@ class BackendRegistry:
             factory = self._factories.get(name)
             if factory is None:
                 raise ModelLoadError(
-                    f"model '{config.name}': no backend '{name}' is installed "
-                    f"(available: {', '.join(self.names)})"
+                    f"model '{config.name}': {_field(config)} is not supported: no backend "
+                    f"'{name}' is installed (available: {', '.join(self.names)})"
                 )
             self._backends[name] = factory()
+        if config.backend and config.platform and _PLATFORMS.get(config.platform) != name:
+            # Triton refuses the pair too; serving it would silently ignore the platform.
+            raise ModelLoadError(
+                f"model '{config.name}': platform '{config.platform}' is not supported with "
+                f"backend '{config.backend}'"
+            )
         return self._backends[name]
 
 

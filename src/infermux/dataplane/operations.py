@@ -9,6 +9,7 @@ reason; ``live`` and ``server_metadata`` are answered by the front end's own pro
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Protocol
 
 from infermux.model_config import ModelConfig
@@ -38,7 +39,17 @@ class Operations(Protocol):
     async def infer(self, request: InferRequest) -> InferResponse: ...
     async def model_statistics(self, name: str = "", version: str = "") -> list[ModelStats]: ...
     async def repository_index(self, *, ready_only: bool = False) -> list[RepositoryIndexEntry]: ...
-    async def load_model(self, name: str, *, config_override: str | None = None) -> None: ...
+    async def load_model(
+        self,
+        name: str,
+        *,
+        config_override: str | None = None,
+        files: Mapping[str, bytes] | None = None,
+    ) -> None:
+        """Load or reload ``name``: with ``config_override`` (ModelConfig JSON) as its config,
+        from ``files`` (path in the model directory -> content, Triton's ``file:`` override;
+        needs ``config_override``) instead of its repository directory when given."""
+
     async def unload_model(self, name: str) -> None: ...
     async def traffic(self, name: str) -> TrafficReport: ...
     async def set_traffic(self, name: str, policy: str | None) -> None: ...

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from infermux.backends.base import ModelRequest
 from infermux.errors import (
@@ -421,12 +421,21 @@ class DataPlane:
     async def repository_index(self, *, ready_only: bool = False) -> list[RepositoryIndexEntry]:
         return self._repository.index(ready_only=ready_only)
 
-    async def load_model(self, name: str, *, config_override: str | None = None) -> None:
-        """Load or reload ``name`` (explicit control mode only)."""
+    async def load_model(
+        self,
+        name: str,
+        *,
+        config_override: str | None = None,
+        files: Mapping[str, bytes] | None = None,
+    ) -> None:
+        """Load or reload ``name`` (explicit control mode only), from ``files`` when given
+        (see :meth:`ModelRepository.load <infermux.repository.ModelRepository.load>`)."""
         self._repository.check_explicit("load")
         if config_override is not None and not config_override.strip():
-            raise InvalidArgumentError("parameter 'config' must be a non-empty ModelConfig JSON")
-        await self._repository.load(name, config_override)
+            raise InvalidArgumentError(
+                f"failed to load '{name}': parameter 'config' must be a non-empty ModelConfig JSON"
+            )
+        await self._repository.load(name, config_override, files)
 
     async def unload_model(self, name: str) -> None:
         """Unload ``name`` after its admitted requests finish (explicit control mode only)."""

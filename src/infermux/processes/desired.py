@@ -53,14 +53,17 @@ meaning replayed on a fresh router.)"""
 
 # Calls arrive as the channel carried them (positional or keyword); bound to the signature so
 # that ``load_model("m", config_override=c)`` and ``load_model("m", c)`` read the same.
+# (A load's ``files`` arrive here as the executor read them from the arena, never as blocks.)
 _SIGNATURES = {name: inspect.signature(getattr(Operations, name)) for name in CHANGES}
 
 
 class ModelWish(msgspec.Struct, frozen=True):
-    """A model loaded (with its ``config`` override, as the client sent it) or unloaded."""
+    """A model loaded (with its ``config`` override and override ``files``, as the client sent
+    them) or unloaded."""
 
     loaded: bool
     config: str | None = None
+    files: dict[str, bytes] | None = None
 
 
 class SystemRegion(msgspec.Struct, frozen=True):
@@ -91,7 +94,12 @@ class Desired(msgspec.Struct):
         bound.apply_defaults()
         a = bound.arguments
         if method == "load_model":
-            self.models[a["name"]] = ModelWish(True, a["config_override"])
+            files = a["files"]
+            self.models[a["name"]] = ModelWish(
+                True,
+                a["config_override"],
+                {k: bytes(v) for k, v in files.items()} if files else None,
+            )
         elif method == "unload_model":
             self.models[a["name"]] = ModelWish(False)
         elif method == "shm_register":
@@ -157,7 +165,7 @@ async def restore(
         except InfermuxError as exc:  # e.g. gone from the repository: unloaded anyway
             logger.info("model '%s' stays unloaded after the restart (%s)", name, exc)
     loads = [n for n, wish in changed.items() if wish.loaded]
-    await asyncio.gather(*(_load(plane, repository, n, changed[n].config) for n in loads))
+    await asyncio.gather(*(_load(plane, repository, n, changed[n]) for n in loads))
     for name, region in want.shm.items():
         if have.shm.get(name) == region:
             continue
@@ -177,11 +185,9 @@ async def restore(
     return dropped
 
 
-async def _load(
-    plane: DataPlane, repository: ModelRepository, name: str, config: str | None
-) -> None:
+async def _load(plane: DataPlane, repository: ModelRepository, name: str, wish: ModelWish) -> None:
     try:
-        await plane.load_model(name, config_override=config)
+        await plane.load_model(name, config_override=wish.config, files=wish.files)
     except InfermuxError as exc:
         reason = f"{RESTART_FAILED}: {exc}"
         logger.error("model '%s': %s", name, reason)

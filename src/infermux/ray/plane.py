@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from ray import serve
@@ -25,6 +26,7 @@ from infermux.errors import (
     ErrorCode,
     FailureReason,
     InfermuxError,
+    ModelLoadError,
     NotFoundError,
     RejectedError,
     UnavailableError,
@@ -157,10 +159,27 @@ class RayDataPlane:
         rows = await asyncio.to_thread(self._deployer.index)
         return [r for r in rows if r.state == "READY"] if ready_only else rows
 
-    async def load_model(self, name: str, *, config_override: str | None = None) -> None:
+    async def load_model(
+        self,
+        name: str,
+        *,
+        config_override: str | None = None,
+        files: Mapping[str, bytes] | None = None,
+    ) -> None:
         self._check_explicit("load")
-        await asyncio.to_thread(self._deployer.deploy, name, config_override)
-        self._forget(name)
+        if files:  # the replicas read their model from the repository
+            raise UnsupportedError(
+                f"failed to load '{name}': override files are not supported with --ray yet"
+            )
+        try:
+            await asyncio.to_thread(self._deployer.deploy, name, config_override)
+        except InfermuxError as exc:
+            if exc.message.startswith("failed to load"):
+                raise
+            # Triton's wording, which clients look for, with infermux's reason after it.
+            raise ModelLoadError(f"failed to load '{name}': {exc}", exc.code) from exc
+        finally:
+            self._forget(name)
 
     async def unload_model(self, name: str) -> None:
         self._check_explicit("unload")

@@ -13,7 +13,7 @@ import yaml
 from google.protobuf import json_format, text_format
 
 from infermux.errors import ConfigError
-from infermux.model_config import ModelConfig, pb
+from infermux.model_config import ModelConfig, check_supported, pb
 
 PBTXT = "config.pbtxt"
 YAML_NAMES = ("config.yaml", "config.yml")
@@ -32,14 +32,19 @@ def config_path(model_dir: Path) -> Path:
     return found[0]
 
 
-def load_model_config(model_dir: Path, override_json: str | None = None) -> ModelConfig:
-    """Read, parse and validate the config of the model in ``model_dir``.
+def load_model_config(
+    model_dir: Path, override_json: str | None = None, *, name: str | None = None
+) -> ModelConfig:
+    """Read, parse and validate the config of the model in ``model_dir``, refusing the fields
+    infermux does not support yet (:func:`~infermux.model_config.check_supported`).
 
     ``override_json`` (a ModelConfig as JSON, as in the repository load API) replaces the file.
-    A config without a name takes the directory's; a different name is an error, as in Triton.
+    A config without a name takes the model's (``name``, else the directory's); a different name
+    is an error, as in Triton.
     """
+    model_name = model_dir.name if name is None else name
     if override_json is not None:
-        source = f"{model_dir.name} (config override)"
+        source = f"{model_name} (config override)"
         message = _parse_json(override_json, source)
     else:
         path = config_path(model_dir)
@@ -50,14 +55,16 @@ def load_model_config(model_dir: Path, override_json: str | None = None) -> Mode
             raise ConfigError(source, "*", f"cannot read the file: {exc}") from exc
         message = parse_config_text(text, source, yaml_format=path.name != PBTXT)
     if not message.name:
-        message.name = model_dir.name
-    elif message.name != model_dir.name:
+        message.name = model_name
+    elif message.name != model_name:
         raise ConfigError(
             source,
             "name",
-            f"'{message.name}' does not match the model directory name '{model_dir.name}'",
+            f"'{message.name}' does not match the model directory name '{model_name}'",
         )
-    return ModelConfig.from_proto(message, source)
+    config = ModelConfig.from_proto(message, source)
+    check_supported(config, source)
+    return config
 
 
 def parse_config_text(text: str, source: str, *, yaml_format: bool = False) -> pb.ModelConfig:

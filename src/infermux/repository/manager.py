@@ -11,12 +11,13 @@ import asyncio
 import gc
 import logging
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
 from infermux.backends.registry import BackendRegistry
 from infermux.errors import (
     InfermuxError,
+    InvalidArgumentError,
     ModelLoadError,
     NotFoundError,
     StartupError,
@@ -27,6 +28,7 @@ from infermux.model_config import ModelConfig
 from infermux.repository.config_file import load_model_config
 from infermux.repository.layout import discover_models, fingerprint, list_versions
 from infermux.repository.loader import LoadedModel, build_version, check_config_paths
+from infermux.repository.overrides import discard, materialize
 from infermux.repository.placement import ONLY, Shard, placements
 from infermux.repository.state import ControlMode, Entry, LoadObserver, Quiet, State
 from infermux.routing.policy import CONFIG_PARAMETER as TRAFFIC_PARAMETER
@@ -235,23 +237,43 @@ class ModelRepository:
             if state is not State.READY:
                 entry.states[version] = (State.UNAVAILABLE, reason)
 
-    async def load(self, name: str, config_override: str | None = None) -> None:
+    async def load(
+        self,
+        name: str,
+        config_override: str | None = None,
+        files: Mapping[str, bytes] | None = None,
+    ) -> None:
         """Load ``name`` (or reload it: the new versions replace the old ones only when ready).
+
+        ``files`` (path in the model directory -> content; Triton's ``file:`` load parameters)
+        replace the model's files: it is loaded from a new directory holding just them, with
+        ``config_override`` (required then) as its config; ``name`` need not be in a
+        repository. A later load without files loads it from its repository again.
 
         Raises the load error when no version of the model could be loaded: "failed to load
         '<name>': <why>", INVALID_ARG (HTTP 400) as Triton answers a load that fails, unless a
         more specific code applies (no such model: NOT_FOUND).
         """
         entry = self._entries.get(name)
-        if entry is None or entry.source is None:
+        if files:
+            if config_override is None:
+                raise InvalidArgumentError(
+                    f"failed to load '{name}': override files need the 'config' parameter "
+                    "(the configuration of the model directory they make)"
+                )
+            if entry is None:
+                entry = self._entries[name] = Entry(None)
+        elif entry is None or entry.source is None:
             sources = discover_models(self._repositories)
             if name not in sources:
                 raise NotFoundError(f"failed to load '{name}': no such model in the repositories")
-            entry = self._entries[name] = Entry(sources[name])
+            if entry is None:
+                entry = self._entries[name] = Entry(sources[name])
+            entry.source = sources[name]
         entry.requested = True
         async with entry.lock, self._limit:
             try:
-                await self._load_locked(entry, name, config_override)
+                await self._load_locked(entry, name, config_override, files or None)
             except InfermuxError as exc:
                 raise ModelLoadError(f"failed to load '{name}': {exc}", exc.code) from exc
 
@@ -295,12 +317,52 @@ class ModelRepository:
             except Exception:
                 logger.exception("polling the model repository failed")
 
-    async def _load_locked(self, entry: Entry, name: str, config_override: str | None) -> None:
-        assert entry.source is not None
-        path = entry.source.path
+    async def _load_locked(
+        self,
+        entry: Entry,
+        name: str,
+        config_override: str | None,
+        files: Mapping[str, bytes] | None,
+    ) -> None:
+        override: Path | None = None
+        try:
+            if files is not None:
+                try:
+                    override = await asyncio.to_thread(materialize, name, files)
+                except InfermuxError as exc:  # a bad path: refused before anything was written
+                    self._failed(entry, name, exc)
+                    raise
+                path = override
+            else:
+                assert entry.source is not None
+                path = entry.source.path
+            carried, loaded = await self._load_from(entry, name, path, config_override)
+        except BaseException:
+            discard(override)  # nothing reads these files
+            raise
+        # Older override directories go once no served version reads them (a version whose
+        # reload failed keeps serving its old instance, loaded from wherever it was).
+        old, entry.overrides = entry.overrides, (list(entry.overrides) if carried else [])
+        if override is not None and loaded:
+            entry.overrides.append(override)
+        for stale in [d for d in [*old, override] if d is not None and d not in entry.overrides]:
+            discard(stale)
+
+    def _failed(self, entry: Entry, name: str, exc: InfermuxError) -> None:
+        logger.error("failed to load model '%s': %s", name, exc)
+        entry.load_failures += 1
+        if not entry.serving:
+            entry.model_error = str(exc)
+
+    async def _load_from(
+        self, entry: Entry, name: str, path: Path, config_override: str | None
+    ) -> tuple[bool, bool]:
+        """Load ``name``'s versions from ``path``; whether an old instance was kept serving
+        (its reload failed) and whether a version from ``path`` serves."""
         entry.fingerprint = await asyncio.to_thread(fingerprint, path)
         try:
-            config = await asyncio.to_thread(load_model_config, path, config_override)
+            config = await asyncio.to_thread(load_model_config, path, config_override, name=name)
+            self._registry.get(config)  # an unknown platform or backend fails the whole load
             policy = config.parameters.get(TRAFFIC_PARAMETER)
             if policy is not None:
                 parse_policy(policy)  # a bad policy fails the load, naming the field
@@ -311,17 +373,14 @@ class ModelRepository:
                 )
             await asyncio.to_thread(check_config_paths, config, path, versions)
         except InfermuxError as exc:
-            logger.error("failed to load model '%s': %s", name, exc)
-            entry.load_failures += 1
-            if not entry.serving:
-                entry.model_error = str(exc)
+            self._failed(entry, name, exc)
             raise
         entry.hosted = bool(placements(config, self._shard))
         if not entry.hosted:  # every instance belongs to another executor
             logger.info("model '%s': hosted by other executors", name)
             dropped, entry.serving, entry.states, entry.model_error = entry.serving, {}, {}, ""
             await self._retire(list(dropped.values()))
-            return
+            return False, False
 
         for version in versions:
             if version not in entry.serving:
@@ -347,10 +406,13 @@ class ModelRepository:
             raise ModelLoadError(entry.model_error)
         entry.model_error = ""
         retired = [m for v, m in entry.serving.items() if fresh.get(v) is not m]
+        carried = len(entry.serving) - len(retired)
+        loaded = len(fresh) > carried
         entry.serving = fresh  # the atomic switch: new requests see only the fresh versions
         for version in [v for v in entry.states if v not in fresh and v not in versions]:
             del entry.states[version]
         await self._retire(retired)
+        return carried > 0, loaded
 
     async def _load_version(
         self, config: ModelConfig, path: Path, version: int
@@ -398,6 +460,9 @@ class ModelRepository:
             await self._retire(retired)
             for version in list(entry.states):
                 entry.states[version] = (State.UNAVAILABLE, "unloaded")
+            for directory in entry.overrides:
+                discard(directory)
+            entry.overrides = []
 
     async def _retire(self, models: list[LoadedModel]) -> None:
         """Close ``models`` (emptying the list: the repository's last references to them) and

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import enum
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 from infermux.repository.layout import ModelSource
@@ -41,6 +42,9 @@ class Entry:
     hosted: bool = True  # False: its instances all belong to other executors (placement.py)
     load_failures: int = 0  # loads that failed (the model or any of its versions), for metrics
     fingerprint: tuple[tuple[str, int, int], ...] = ()
+    overrides: list[Path] = field(default_factory=list)
+    """Directories made of load requests' files that served versions were loaded from (the
+    newest last); removed once no served version can read them."""
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 

@@ -34,6 +34,10 @@ CALLS = frozenset(
 )
 """The data-plane methods a ``Call`` frame may name; anything else is refused."""
 
+FILE_BLOCKS = "file_blocks"
+"""The keyword of a ``load_model`` call that carries its ``files`` in the front end's arena:
+path -> [offset, size]. The executor reads them into ``files`` before calling the plane."""
+
 
 def _as(kind: Any) -> Callable[[Any], Any]:
     return lambda value: msgspec.convert(value, type=kind)

@@ -55,7 +55,7 @@ from infermux.model_config import ModelConfig
 from infermux.runtime.host_memory import HOST_MEMORY
 from infermux.types import InferRequest, RequestedOutput, Tensor
 
-from .calls import CALLS
+from .calls import CALLS, FILE_BLOCKS
 from .link import Link
 
 logger = logging.getLogger(__name__)
@@ -275,6 +275,14 @@ class ChannelServer:
         try:
             if message.method not in CALLS:
                 raise InternalError(f"no data-plane operation '{message.method}'")
+            if FILE_BLOCKS in message.kwargs:  # a load's files, in the front end's arena
+                kwargs = dict(message.kwargs)
+                arena = client.link.endpoint.peer_arena
+                kwargs["files"] = {
+                    path: bytes(arena.buffer(offset, size))
+                    for path, (offset, size) in kwargs.pop(FILE_BLOCKS).items()
+                }
+                message = Call(message.seq, message.method, message.args, kwargs)
             value: Any = getattr(self._plane, message.method)(*message.args, **message.kwargs)
             value = await value
             if self._on_call is not None:

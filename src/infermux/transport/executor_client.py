@@ -25,7 +25,7 @@ import asyncio
 import functools
 import itertools
 import logging
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
@@ -55,7 +55,7 @@ from infermux.types import (
     ServerMetadata,
 )
 
-from .calls import RESULT
+from .calls import FILE_BLOCKS, RESULT
 from .grouping import GROUP_LIMIT
 from .link import Link
 from .micro_batcher import MicroBatcher
@@ -298,9 +298,17 @@ class RemoteExecutor:
     # -- every other operation --------------------------------------------------------------------
 
     async def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """Call ``method`` in the executor; its rebuilt result."""
+        return await self._call_naming(method, [], *args, **kwargs)
+
+    async def _call_naming(
+        self, method: str, blocks: list[Block], *args: Any, **kwargs: Any
+    ) -> Any:
+        """:meth:`_call` whose arguments name arena ``blocks``, released once the executor
+        answered (it no longer reads them)."""
         link = self.require()
         seq = next(self._seq)
-        entry = _Pending(asyncio.get_running_loop().create_future())
+        entry = _Pending(asyncio.get_running_loop().create_future(), blocks)
         self._pending[seq] = entry
         link.send(encode(Call(seq, method, list(args), kwargs)))
         result: Result = await entry.future
@@ -345,6 +353,35 @@ class RemoteExecutor:
         if not call.cancelled():
             call.exception()  # retrieved: every waiter may have timed out before it failed
 
+    async def load_model(
+        self,
+        name: str,
+        *,
+        config_override: str | None = None,
+        files: Mapping[str, bytes] | None = None,
+    ) -> None:
+        if not files:
+            await self._call("load_model", name, config_override=config_override, files=files)
+            return
+        # A model's files may be far larger than a ring frame: they cross in the arena, as
+        # tensors do, and the frame names their blocks (ChannelServer reads them back).
+        link = self.require()
+        blocks: list[Block] = []
+        placed: dict[str, list[int]] = {}
+        try:
+            for path, data in files.items():
+                block = await link.allocate(len(data), f"load parameter 'file:{path}'")
+                blocks.append(block)
+                link.endpoint.arena.buffer(block.offset, len(data))[:] = data
+                placed[path] = [block.offset, len(data)]
+        except BaseException:
+            for block in blocks:
+                link.release(block)
+            raise
+        await self._call_naming(
+            "load_model", blocks, name, config_override=config_override, **{FILE_BLOCKS: placed}
+        )
+
     async def shm_register(self, name: str, key: str, offset: int, byte_size: int) -> None:
         epoch = self._regions.epoch
         await self._call("shm_register", name, key, offset, byte_size)
@@ -357,7 +394,6 @@ class RemoteExecutor:
     model_config = forwarded(Operations.model_config)
     model_statistics = forwarded(Operations.model_statistics)
     repository_index = forwarded(Operations.repository_index)
-    load_model = forwarded(Operations.load_model)
     unload_model = forwarded(Operations.unload_model)
     traffic = forwarded(Operations.traffic)
     set_traffic = forwarded(Operations.set_traffic)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TypeVar
 
 from infermux.errors import ErrorCode, FailureReason, InfermuxError, UnavailableError
@@ -282,9 +282,17 @@ class RemoteDataPlane:
     async def _everywhere(self, call: Callable[[RemoteExecutor], Awaitable[None]]) -> None:
         await _gather(self._attached(), call)
 
-    async def load_model(self, name: str, *, config_override: str | None = None) -> None:
+    async def load_model(
+        self,
+        name: str,
+        *,
+        config_override: str | None = None,
+        files: Mapping[str, bytes] | None = None,
+    ) -> None:
         try:
-            await self._everywhere(lambda e: e.load_model(name, config_override=config_override))
+            await self._everywhere(
+                lambda e: e.load_model(name, config_override=config_override, files=files)
+            )
         finally:
             self._forget_hosts()
 

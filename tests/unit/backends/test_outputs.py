@@ -56,3 +56,24 @@ def test_bad_outputs_are_internal_errors(result: object, message: str) -> None:
 def test_model_chosen_error_code_is_kept() -> None:
     with pytest.raises(InvalidArgumentError, match="mine"):
         to_output_tensors(CONFIG, model_request(), InvalidArgumentError("mine"))
+
+
+def test_an_output_with_reshape_reaches_the_client_in_its_dims() -> None:
+    # Triton's densenet_onnx: the model returns [N, 1000, 1, 1], the client sees [N, 1000].
+    config = ModelConfig.from_proto(
+        text_format.Parse(
+            """
+            name: "m" max_batch_size: 2
+            input [ { name: "A" data_type: TYPE_INT32 dims: [ 2 ] } ]
+            output [ { name: "Y" data_type: TYPE_FP32 dims: [ 4 ] reshape { shape: [ 4, 1, 1 ] } },
+                     { name: "V" data_type: TYPE_FP32 dims: [ -1 ] reshape { shape: [ -1, 1 ] } } ]
+            """,
+            pb.ModelConfig(),
+        )
+    )
+    request = ModelRequest({"A": np.zeros((2, 2), np.int32)}, ("Y", "V"))
+    y, v = to_output_tensors(
+        config, request, {"Y": np.ones((2, 4, 1, 1), np.float32), "V": np.ones((2, 3, 1))}
+    )
+    assert (y.shape, y.data.shape) == ((2, 4), (2, 4))
+    assert (v.shape, v.data.shape) == ((2, 3), (2, 3))

@@ -22,6 +22,7 @@ from infermux.frontends.grpc import codec
 from infermux.frontends.grpc.handlers import Malformed
 from infermux.observability import tracing
 from infermux.observability.logs import RateLimitedLog
+from infermux.repository.overrides import FILE_PREFIX
 from infermux.routing.router import ROUTING_KEY_HEADER, ROUTING_KEY_PARAMETER
 from infermux.settings import DEFAULT_GRPC_MAX_STREAM_IN_FLIGHT
 from infermux.types import InferRequest
@@ -244,17 +245,25 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
 
     @_unary
     async def RepositoryModelLoad(self, request: Message, context: Context) -> Message:
+        name = request.model_name
         override: str | None = None
+        files: dict[str, bytes] = {}
         for key, value in request.parameters.items():
-            if key.startswith("file:"):
-                raise UnsupportedError(f"load parameter '{key}': file overrides are not supported")
-            if key == "config":
+            if key.startswith(FILE_PREFIX):
+                if value.WhichOneof("parameter_choice") != "bytes_param":
+                    raise InvalidArgumentError(
+                        f"failed to load '{name}': load parameter '{key}' must be a bytes_param "
+                        "holding the file's content"
+                    )
+                files[key.removeprefix(FILE_PREFIX)] = value.bytes_param
+            elif key == "config":
                 if value.WhichOneof("parameter_choice") != "string_param":
                     raise InvalidArgumentError(
-                        "parameter 'config' must be a ModelConfig JSON string"
+                        f"failed to load '{name}': parameter 'config' must be a ModelConfig "
+                        "JSON string"
                     )
                 override = value.string_param
-        await self._dp.load_model(request.model_name, config_override=override)
+        await self._dp.load_model(name, config_override=override, files=files or None)
         return service_pb2.RepositoryModelLoadResponse()
 
     @_unary

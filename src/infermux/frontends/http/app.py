@@ -31,6 +31,7 @@ from infermux.frontends.http.transport import (
     send_reply,
 )
 from infermux.observability import tracing
+from infermux.repository.overrides import FILE_PREFIX
 from infermux.routing.router import ROUTING_KEY_HEADER, ROUTING_KEY_PARAMETER
 from infermux.tensor_bytes import count_bytes_elements
 from infermux.types import InferRequest, element_size
@@ -256,13 +257,25 @@ class HttpApp:
         if action == "unload":
             await self._dp.unload_model(name)
             return Reply(200)
-        files = [k for k in params if k.startswith("file:")]
-        if files:
-            raise HttpError(501, f"load parameter '{files[0]}': file overrides are not supported")
         override = params.get("config")
         if override is not None and not isinstance(override, str):
-            raise InvalidArgumentError("parameter 'config' must be a JSON string")
-        await self._dp.load_model(name, config_override=override)
+            raise InvalidArgumentError(
+                f"failed to load '{name}': parameter 'config' must be a ModelConfig JSON string"
+            )
+        files: dict[str, bytes] = {}
+        for key, value in params.items():
+            if not key.startswith(FILE_PREFIX):
+                continue
+            try:
+                if not isinstance(value, str):
+                    raise ValueError
+                files[key.removeprefix(FILE_PREFIX)] = base64.b64decode(value, validate=True)
+            except (ValueError, binascii.Error):
+                raise InvalidArgumentError(
+                    f"failed to load '{name}': load parameter '{key}' must be the file's "
+                    "content in base64"
+                ) from None
+        await self._dp.load_model(name, config_override=override, files=files or None)
         return Reply(200)
 
     # -- shared memory extensions -----------------------------------------------------------------

@@ -8,6 +8,7 @@ is set, which ``opener`` does; ``fail`` raises an InvalidArgumentError naming th
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 
 from infermux.errors import ErrorCode, InfermuxError, InvalidArgumentError, NotFoundError
 from infermux.model_config import ModelConfig, pb
@@ -40,6 +41,7 @@ class FakePlane:
         self.cuda_regions: dict[str, CudaSharedMemoryRegion] = {}
         self.cuda_handles: dict[str, bytes] = {}
         self.loads: list[tuple[str, str | None]] = []
+        self.load_files: list[dict[str, bytes] | None] = []
         self.unloads: list[str] = []
 
     def live(self) -> bool:
@@ -121,8 +123,15 @@ class FakePlane:
         broken = RepositoryIndexEntry("broken", "1", "UNAVAILABLE", "load failed")
         return rows if ready_only else [*rows, broken]
 
-    async def load_model(self, name: str, *, config_override: str | None = None) -> None:
+    async def load_model(
+        self,
+        name: str,
+        *,
+        config_override: str | None = None,
+        files: Mapping[str, bytes] | None = None,
+    ) -> None:
         self.loads.append((name, config_override))
+        self.load_files.append(dict(files) if files is not None else None)
 
     async def unload_model(self, name: str) -> None:
         self.unloads.append(name)

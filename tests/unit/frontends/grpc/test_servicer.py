@@ -181,11 +181,10 @@ async def test_repository(client: Any, plane: FakePlane) -> None:
     await client.unload_model("echo")
     assert plane.loads == [("echo", None), ("echo", override)]
     assert plane.unloads == ["echo"]
-    await expect_status(
-        client.load_model("echo", files={"file:1/model.py": b"x"}),
-        "UNIMPLEMENTED",
-        "'file:1/model.py': file overrides are not supported",
-    )
+    # File overrides travel as bytes_param and reach the plane without their "file:" prefix.
+    await client.load_model("echo", config=override, files={"file:1/model.py": b"x"})
+    assert plane.loads[-1] == ("echo", override)
+    assert plane.load_files[-1] == {"1/model.py": b"x"}
 
 
 async def test_system_shared_memory(client: Any, plane: FakePlane) -> None:
@@ -222,7 +221,18 @@ async def test_load_config_must_be_a_string(client: Any) -> None:
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await client._client_stub.RepositoryModelLoad(request)
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert caught.value.details() == "parameter 'config' must be a ModelConfig JSON string"
+    assert caught.value.details() == (
+        "failed to load 'echo': parameter 'config' must be a ModelConfig JSON string"
+    )
+
+
+async def test_load_file_must_be_bytes(client: Any) -> None:
+    request = service_pb2.RepositoryModelLoadRequest(model_name="echo")
+    request.parameters["file:1/model.py"].string_param = "x"
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await client._client_stub.RepositoryModelLoad(request)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "failed to load 'echo': load parameter 'file:1/model.py'" in caught.value.details()
 
 
 async def test_cuda_shared_memory_register_status_unregister(client: Any, plane: FakePlane) -> None:

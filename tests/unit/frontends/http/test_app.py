@@ -187,7 +187,14 @@ async def test_repository_api(client: httpx.AsyncClient) -> None:
     reply = await client.post(
         "/v2/repository/models/ident/load", json={"parameters": {"file:1/model.py": "eA=="}}
     )
-    assert reply.status_code == 501
+    assert reply.status_code == 400  # Triton: override files need the config
+    assert "failed to load 'ident': override files need the 'config'" in reply.json()["error"]
+    reply = await client.post(
+        "/v2/repository/models/ident/load",
+        json={"parameters": {"config": "{}", "file:1/model.py": "not base64!"}},
+    )
+    assert reply.status_code == 400
+    assert "'file:1/model.py' must be the file's content in base64" in reply.json()["error"]
     reply = await client.post(
         "/v2/repository/models/ident/load", json={"parameters": {"config": 5}}
     )
