@@ -30,6 +30,7 @@ from infermux.frontends.http.transport import (
     Send,
     send_reply,
 )
+from infermux.frontends.model_first import unknown_model_first
 from infermux.observability import tracing
 from infermux.routing.router import ROUTING_KEY_HEADER, ROUTING_KEY_PARAMETER
 from infermux.tensor_bytes import count_bytes_elements
@@ -185,11 +186,14 @@ class HttpApp:
 
     async def _infer(self, request: Request, name: str, version: str) -> Reply:
         body = await request.body()
-        header_length = _header_length(request.headers)
-        if header_length == 0:
-            infer_request = await self._raw_request(name, version, body)
-        else:
-            infer_request = codec.decode_infer_request(body, header_length, name, version)
+        try:
+            header_length = _header_length(request.headers)
+            if header_length == 0:
+                infer_request = await self._raw_request(name, version, body)
+            else:
+                infer_request = codec.decode_infer_request(body, header_length, name, version)
+        except InvalidArgumentError as exc:
+            await unknown_model_first(self._dp, name, version, exc)
         infer_request.trace_context = tracing.carrier(request.headers)
         key = request.headers.get(ROUTING_KEY_HEADER)
         if key is not None:

@@ -273,3 +273,11 @@ async def test_a_stream_reads_no_more_than_its_in_flight_bound() -> None:
             assert plane.started == 5
     finally:
         await server.stop()
+
+
+async def test_unknown_model_is_answered_before_a_malformed_request(client: Any) -> None:
+    # Raw contents one element short: a body fault, but the model is unknown, which comes first.
+    short = InferInput("INPUT0", [1, 3], "FP32")
+    short.set_data_from_numpy(np.zeros((1, 3), np.float32)).set_shape([1, 4])
+    await expect_status(client.infer("nobody", [short]), "NOT_FOUND", "unknown model: 'nobody'")
+    await expect_status(client.infer("echo", [short]), "INVALID_ARGUMENT", "INPUT0")

@@ -245,3 +245,18 @@ async def test_statistics_routes(client: httpx.AsyncClient) -> None:
     assert (await client.get("/v2/models/ident/versions/9/stats")).status_code == 404
     await client.post("/v2/repository/models/ident/unload")
     assert (await client.get("/v2/models/ident/stats")).status_code == 503
+
+
+async def test_unknown_model_is_answered_before_a_malformed_body(client: httpx.AsyncClient) -> None:
+    for body in (b"{not json", b'{"inputs": 3}'):
+        reply = await client.post("/v2/models/nobody/infer", content=body)
+        assert reply.status_code == 404
+        assert reply.json() == {"error": "Request for unknown model: 'nobody' is not found"}
+        known = await client.post("/v2/models/ident/infer", content=body)
+        assert known.status_code == 400
+    bad_header = {"inference-header-content-length": "x"}
+    reply = await client.post("/v2/models/nobody/infer", content=b"{}", headers=bad_header)
+    assert reply.status_code == 404
+    reply = await client.post("/v2/models/ident/versions/7/infer", content=b"{")
+    assert reply.status_code == 404
+    assert "version" in reply.json()["error"]
