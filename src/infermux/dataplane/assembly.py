@@ -17,6 +17,7 @@ from .shared_memory import SharedMemoryRegistry
 # Only what is really served is announced; perf_analyzer and clients key behaviour off this list.
 EXTENSIONS = (
     "binary_tensor_data",
+    "logging",
     "model_configuration",
     "model_repository",
     "parameters",

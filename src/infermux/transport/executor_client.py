@@ -374,6 +374,10 @@ class RemoteExecutor:
     async def shm_unregister(self, name: str = "") -> None:
         await self._call("shm_unregister", name)
 
+    async def log_settings(self, changes: dict[str, Any] | None = None) -> dict[str, Any]:
+        settings: dict[str, Any] = await self._call("log_settings", changes)
+        return settings
+
     async def shm_status(self, name: str = "") -> list[SharedMemoryRegion]:
         regions: list[SharedMemoryRegion] = await self._call("shm_status", name)
         return regions

@@ -311,7 +311,24 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
 
     @_unary
     async def LogSettings(self, request: Message, context: Context) -> Message:
-        _not_supported("log settings")
+        changes = {key: _setting(value) for key, value in request.settings.items()}
+        settings = await self._dp.log_settings(changes)
+        response = service_pb2.LogSettingsResponse()
+        for key, value in settings.items():
+            entry = response.settings[key]
+            if isinstance(value, bool):
+                entry.bool_param = value
+            elif isinstance(value, int):
+                entry.uint32_param = value
+            else:
+                entry.string_param = str(value)
+        return response
+
+
+def _setting(value: Message) -> bool | int | str | None:
+    """A ``LogSettingsRequest.SettingValue`` as its Python value (None: unset)."""
+    choice = value.WhichOneof("parameter_choice")
+    return None if choice is None else getattr(value, choice)
 
 
 def _deadline_ns(context: Context) -> int:

@@ -91,6 +91,7 @@ class HttpApp:
                 inference,
             ),
             (re.compile(r"^/v2/repository(?:/[^/]+)?/index$"), self._repository_index, inference),
+            (re.compile(r"^/v2/logging$"), self._logging, _always(Kind.ADMIN)),
             (
                 re.compile(r"^/v2/repository(?:/[^/]+)?/models/([^/]+)/(load|unload)$"),
                 self._repository_control,
@@ -239,6 +240,14 @@ class HttpApp:
             datatype=spec.datatype,
             shape=shape,
         )
+
+    # -- logging extension ------------------------------------------------------------------------
+
+    async def _logging(self, request: Request, match: re.Match[str]) -> Reply:
+        if request.method == "GET":
+            return Reply.json(await self._dp.log_settings())
+        request.allow("POST")
+        return Reply.json(await self._dp.log_settings(await request.json_object()))
 
     # -- model repository extension ---------------------------------------------------------------
 

@@ -260,3 +260,22 @@ async def test_unknown_model_is_answered_before_a_malformed_body(client: httpx.A
     reply = await client.post("/v2/models/ident/versions/7/infer", content=b"{")
     assert reply.status_code == 404
     assert "version" in reply.json()["error"]
+
+
+async def test_logging_get_and_post(client: httpx.AsyncClient) -> None:
+    from infermux.observability import logs
+
+    before = (await client.get("/v2/logging")).json()
+    assert set(before) == {
+        "log_file", "log_info", "log_warning", "log_error", "log_verbose_level", "log_format"
+    }  # fmt: skip
+    try:
+        reply = await client.post("/v2/logging", json={"log_warning": False})
+        assert reply.status_code == 200
+        assert reply.json() == {**before, "log_warning": False}
+        refused = await client.post("/v2/logging", json={"log_nonsense": 1})
+        assert refused.status_code == 400
+        assert "log_nonsense" in refused.json()["error"]
+        assert (await client.put("/v2/logging")).status_code == 405
+    finally:
+        logs.update_log_settings(before)
