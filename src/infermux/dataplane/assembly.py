@@ -19,6 +19,7 @@ from .shared_memory import SharedMemoryRegistry
 # request parameters priority and timeout (scheduling/queue.py).
 EXTENSIONS = (
     "binary_tensor_data",
+    "logging",
     "model_configuration",
     "model_repository",
     "parameters",

@@ -10,7 +10,7 @@ reason; ``live`` and ``server_metadata`` are answered by the front end's own pro
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Protocol
+from typing import Any, Protocol
 
 from infermux.model_config import ModelConfig
 from infermux.routing.router import TrafficReport
@@ -63,3 +63,4 @@ class Operations(Protocol):
     ) -> None: ...
     async def cuda_shm_unregister(self, name: str = "") -> None: ...
     async def cuda_shm_status(self, name: str = "") -> list[CudaSharedMemoryRegion]: ...
+    async def log_settings(self, changes: dict[str, Any] | None = None) -> dict[str, Any]: ...

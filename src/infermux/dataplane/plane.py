@@ -10,6 +10,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
 
 from infermux.backends.base import ModelRequest
 from infermux.errors import (
@@ -20,6 +21,7 @@ from infermux.errors import (
 )
 from infermux.ipc.arena import Block
 from infermux.model_config import ModelConfig
+from infermux.observability.logs import log_settings, update_log_settings
 from infermux.observability.tracing import TRACING
 from infermux.repository import LoadedModel, ModelRepository
 from infermux.routing.policy import parse_policy
@@ -391,6 +393,21 @@ class DataPlane:
 
     async def cuda_shm_status(self, name: str = "") -> list[CudaSharedMemoryRegion]:
         return self._cuda.status(name)
+
+    # -- logging extension ------------------------------------------------------------------------
+
+    async def log_settings(self, changes: dict[str, Any] | None = None) -> dict[str, Any]:
+        """This process's log settings (Triton's logging extension), after applying
+        ``changes`` when given: all of them or, when one is refused, none."""
+        if changes:
+            self.apply_log_changes(changes)
+        return dict(log_settings())
+
+    def apply_log_changes(self, changes: dict[str, Any]) -> None:
+        """Apply log setting ``changes`` to this process (from a client, or from the
+        supervisor when a client changed them through another process)."""
+        verbose = update_log_settings(changes)["log_verbose_level"]
+        self._log_requests = int(verbose) > 1  # as --log-verbose 2: a line per request
 
     def close(self) -> None:
         """Release what the data plane holds itself (shared-memory mappings, shadow runs)."""

@@ -16,7 +16,9 @@ from typing import Any
 
 import msgspec
 
+from infermux.errors import InfermuxError
 from infermux.ipc import ChannelSpec
+from infermux.observability.logs import update_log_settings
 
 from .desired import Desired
 
@@ -96,6 +98,13 @@ class Restored(msgspec.Struct, tag=True):
     """Executor -> supervisor: the last :class:`Restore` is in effect."""
 
 
+class LogChanges(msgspec.Struct, tag=True):
+    """Supervisor -> child: log settings a client changed (through any process), to apply here
+    too; sent again to a child that (re)started after them."""
+
+    changes: dict[str, Any]
+
+
 class Ping(msgspec.Struct, tag=True):
     """Supervisor -> child: are you there? (the heartbeat, :mod:`.heartbeat`)"""
 
@@ -117,6 +126,7 @@ Message = (
     | Changed
     | Restore
     | Restored
+    | LogChanges
     | Ping
     | Pong
 )
@@ -165,6 +175,8 @@ async def follow(
     on_detach: Callable[[Detach], None],
     on_scrape: Callable[[Scrape], None] | None = None,
     on_restore: Callable[[Restore], None] | None = None,
+    *,
+    on_log: Callable[[dict[str, Any]], object] = update_log_settings,
 ) -> None:
     """Hand the supervisor's messages to a child's handlers (and answer its heartbeat); return
     on :class:`Stop` or once the supervisor is gone (either way the child shuts down)."""
@@ -179,5 +191,8 @@ async def follow(
             on_scrape(message)
         elif isinstance(message, Restore) and on_restore is not None:
             on_restore(message)
+        elif isinstance(message, LogChanges):
+            with contextlib.suppress(InfermuxError):  # checked before: cannot fail here
+                on_log(message.changes)
         elif isinstance(message, Stop):
             return

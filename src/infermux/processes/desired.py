@@ -135,6 +135,9 @@ class Held:
         if method in CHANGES:
             self.desired.record(method, args, kwargs)
             self._report(method, args, kwargs)
+        elif method == "log_settings" and (args or kwargs) and (args or [None])[0] is not None:
+            # Not desired state of this executor: the supervisor passes it to every process.
+            self._report(method, args, kwargs)
 
     async def restore(self, want: Desired) -> None:
         """Bring this executor to ``want`` (:func:`restore`); what had to be dropped is

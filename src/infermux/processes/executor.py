@@ -126,7 +126,14 @@ async def _serve(
         background(restored(message))
 
     async def until_stopped() -> None:
-        await follow(control, lambda m: channels.attach(m.spec), detach, scrape, on_restore)
+        await follow(
+            control,
+            lambda m: channels.attach(m.spec),
+            detach,
+            scrape,
+            on_restore,
+            on_log=plane.apply_log_changes,
+        )
         stop.set()  # told to, or the supervisor is gone
 
     following = asyncio.create_task(until_stopped())

@@ -15,6 +15,7 @@ except at start-up, where a failure is the server's failure (bad repository, bus
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import multiprocessing
@@ -28,12 +29,13 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from infermux import __version__
-from infermux.errors import StartupError
+from infermux.errors import InfermuxError, StartupError
 from infermux.frontends import unix_socket
 from infermux.frontends.metrics import MetricsEndpoint, metrics_socket
 from infermux.frontends.serving import http_endpoints, http_sockets
 from infermux.ipc import Channel
 from infermux.ipc.ring import ORDERED_STORES
+from infermux.observability.logs import update_log_settings
 from infermux.settings import (
     DISABLED_PORT,
     IPC_RING_BYTES,
@@ -49,6 +51,7 @@ from .control import (
     Control,
     Detach,
     Failed,
+    LogChanges,
     Message,
     Pong,
     Ready,
@@ -84,6 +87,7 @@ class Supervisor:
         self._grpc_port = settings.grpc_port
         self._directory = Path(tempfile.mkdtemp(prefix="infermux-"))
         self._pending: set[asyncio.Task[None]] = set()
+        self._log_changes: dict[str, Any] = {}  # what clients changed of the log settings
         self._desired = Desired()  # what clients changed, for restarted executors (.desired)
         self._heartbeat = Heartbeat(
             {
@@ -286,6 +290,8 @@ class Supervisor:
             await self._died(child)
         elif isinstance(message, Pong):
             self._heartbeat.answered(child)
+        elif isinstance(message, Changed) and message.method == "log_settings":
+            self._log_changed(message.args[0] if message.args else message.kwargs["changes"])
         elif isinstance(message, Changed):
             # The executor's successors get it; so does this one's record of what it was
             # given (a region its restore dropped is not sent to it again).
@@ -294,8 +300,11 @@ class Supervisor:
         elif isinstance(message, Scraped):
             self._scrapes.answered(child, message)
         elif isinstance(message, Ready | Restored) and self._executors[child.index].child is child:
+            if isinstance(message, Ready):
+                self._tell_log_changes(child)
             self._executor_ready(child)
         elif isinstance(message, Started):
+            self._tell_log_changes(child)
             child.up = True
             slot = self._slots[child.index]
             if slot.child is child:
@@ -303,6 +312,20 @@ class Supervisor:
                 self._connect(slot)
         elif isinstance(message, Failed):
             logger.error("%s cannot start: %s", child.name, message.message)
+
+    def _log_changed(self, changes: dict[str, Any]) -> None:
+        """A client changed log settings through some process: every process applies them
+        (the supervisor too, it logs), and those started later are told at their start."""
+        self._log_changes.update(changes)
+        with contextlib.suppress(InfermuxError):  # checked by the front end that took them
+            update_log_settings(changes)
+        for place in [*self._slots, *self._executors]:
+            if place.child is not None:
+                place.child.control.send(LogChanges(changes))
+
+    def _tell_log_changes(self, child: Child) -> None:
+        if self._log_changes:
+            child.control.send(LogChanges(dict(self._log_changes)))
 
     def _executor_ready(self, child: Child) -> None:
         """A restarted executor has loaded what it was given at spawn (or restored what it was

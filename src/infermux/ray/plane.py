@@ -33,6 +33,7 @@ from infermux.errors import (
     UnsupportedError,
 )
 from infermux.model_config import ModelConfig
+from infermux.observability.logs import log_settings, update_log_settings
 from infermux.ray.deploy import DEPLOYMENT, Deployer, app_name
 from infermux.routing.router import ROUTING_KEY_PARAMETER, TrafficReport
 from infermux.types import (
@@ -236,6 +237,10 @@ class RayDataPlane:
 
     async def cuda_shm_status(self, name: str = "") -> list[CudaSharedMemoryRegion]:
         return []
+
+    async def log_settings(self, changes: dict[str, Any] | None = None) -> dict[str, Any]:
+        # The ingress process's own logging; replicas log as their deployment started them.
+        return dict(update_log_settings(changes) if changes else log_settings())
 
 
 def _not_in_ray(what: str) -> UnsupportedError:

@@ -59,4 +59,5 @@ RESULT: dict[str, Callable[[Any], Any]] = {
     "repository_index": _as(list[RepositoryIndexEntry]),
     "shm_status": _as(list[SharedMemoryRegion]),
     "cuda_shm_status": _as(list[CudaSharedMemoryRegion]),
+    "log_settings": dict,
 }

@@ -26,11 +26,12 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from infermux.errors import ErrorCode, FailureReason, InfermuxError, UnavailableError
 from infermux.ipc import ChannelSpec
 from infermux.model_config import ModelConfig
+from infermux.observability.logs import checked_log_changes, log_settings, update_log_settings
 from infermux.routing.router import TrafficReport
 from infermux.types import (
     BatchStats,
@@ -329,6 +330,16 @@ class RemoteDataPlane:
 
     async def cuda_shm_unregister(self, name: str = "") -> None:
         await self._everywhere(lambda e: e.cuda_shm_unregister(name))
+
+    async def log_settings(self, changes: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Changes are checked here first (a refused one changes nothing anywhere), then made
+        in every executor and in this front end; each executor reports them to the supervisor,
+        which passes them on to the other front ends (``processes/supervisor.py``)."""
+        if changes:
+            checked_log_changes(changes)
+            await _gather(self._attached(), lambda e: e.log_settings(changes))
+            update_log_settings(changes)
+        return dict(log_settings())
 
 
 async def _gather(

@@ -109,6 +109,17 @@ async def cuda_shared_memory(http: httpx.AsyncClient) -> None:
     assert reply.json() == []
 
 
+async def logging(http: httpx.AsyncClient) -> None:
+    before = (await http.get("/v2/logging")).json()
+    assert {"log_info", "log_warning", "log_error", "log_verbose_level"} <= set(before)
+    try:
+        changed = await http.post("/v2/logging", json={"log_verbose_level": 1})
+        assert changed.status_code == 200, changed.text
+        assert (await http.get("/v2/logging")).json()["log_verbose_level"] == 1
+    finally:  # the settings are the process's: leave them as they were
+        await http.post("/v2/logging", json={"log_verbose_level": before["log_verbose_level"]})
+
+
 PROBES: dict[str, Probe] = {
     probe.__name__: probe
     for probe in (
@@ -120,6 +131,7 @@ PROBES: dict[str, Probe] = {
         statistics,
         system_shared_memory,
         cuda_shared_memory,
+        logging,
     )
 }
 

@@ -111,6 +111,7 @@ async def test_every_call_round_trips_and_answers_as_the_plane_behind_it(planes:
             "cuda_shm_register": (("c", b"\0" * 64, 0, 64), None),  # refused alike: disabled
             "cuda_shm_status": ((), None),
             "cuda_shm_unregister": (("c",), None),
+            "log_settings": (({"log_info": True},), None),  # one process: the same settings
         }
         assert set(cases) == CALLS  # a new operation needs a case here
         for name, (args, after) in cases.items():

@@ -12,6 +12,7 @@ import grpc  # type: ignore[import-untyped,unused-ignore]  # grpcio ships no typ
 from infermux.frontends.access import Access, Denied, Kind
 
 _SERVICE = "/inference.GRPCInferenceService/"
+_HEALTH = "/grpc.health.v1.Health/"  # probes carry no token, as /v2/health/* need none
 _KINDS = {
     "ServerLive": Kind.HEALTH,
     "ServerReady": Kind.HEALTH,
@@ -28,6 +29,8 @@ _KINDS = {
 
 
 def kind_of(method: str) -> Kind:
+    if method.startswith(_HEALTH):
+        return Kind.HEALTH
     name = method.removeprefix(_SERVICE)
     return _KINDS.get(name, Kind.INFERENCE)
 

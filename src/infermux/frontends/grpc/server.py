@@ -10,11 +10,13 @@ from collections.abc import Sequence
 from typing import Any
 
 import grpc  # type: ignore[import-untyped,unused-ignore]  # grpcio ships no type information
+from grpc_health.v1 import health_pb2_grpc
 
 from infermux.dataplane import Operations
 from infermux.frontends.access import OPEN, Access
 from infermux.frontends.grpc import handlers
 from infermux.frontends.grpc.access import AccessInterceptor
+from infermux.frontends.grpc.health import Health
 from infermux.frontends.grpc.servicer import InferenceServicer
 from infermux.settings import DEFAULT_GRPC_MAX_MESSAGE_SIZE, DEFAULT_GRPC_MAX_STREAM_IN_FLIGHT
 
@@ -64,6 +66,7 @@ class GrpcServer:
         self._credentials = credentials  # TLS on TCP addresses (tls.py); None: plain
         self._access = access
         self._server: Any = None
+        self._health: Health | None = None
         self._ports: dict[str, int] = {}
 
     @property
@@ -88,6 +91,8 @@ class GrpcServer:
         handlers.add_to_server(
             InferenceServicer(self._dataplane, stream_in_flight=self._stream_in_flight), server
         )
+        self._health = Health(self._dataplane)
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         try:
             for address in self.addresses:
                 self._ports[address] = _bind(server, address, self._credentials)
@@ -104,6 +109,8 @@ class GrpcServer:
         if self._server is None:
             return
         server, self._server = self._server, None
+        if self._health is not None:
+            await self._health.stop()
         await server.stop(self._graceful_timeout)
 
 

@@ -20,6 +20,7 @@ from infermux.dataplane import Operations
 from infermux.errors import ErrorCode, InfermuxError, InvalidArgumentError, UnsupportedError
 from infermux.frontends.grpc import codec
 from infermux.frontends.grpc.handlers import Malformed
+from infermux.frontends.model_first import unknown_model_first
 from infermux.observability import tracing
 from infermux.observability.logs import RateLimitedLog
 from infermux.repository.overrides import FILE_PREFIX
@@ -146,7 +147,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
 
     @_unary
     async def ModelInfer(self, request: Message, context: Context) -> Message:
-        infer_request = codec.decode_infer_request(request)
+        infer_request = await self._decode(request)
         _from_metadata(infer_request, context.invocation_metadata() or ())
         infer_request.deadline_ns = _deadline_ns(context)
         response = await self._dp.infer(infer_request)
@@ -206,6 +207,12 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
             for task in list(running):
                 task.cancel()
 
+    async def _decode(self, message: Message) -> InferRequest:
+        try:
+            return codec.decode_infer_request(message)
+        except InvalidArgumentError as exc:
+            await unknown_model_first(self._dp, message.model_name, message.model_version, exc)
+
     async def _stream_answer(
         self, message: Message, metadata: tuple[Any, ...], peer: str, deadline_ns: int
     ) -> Message:
@@ -213,7 +220,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
             _malformed("ModelStreamInfer", peer, message)
             return service_pb2.ModelStreamInferResponse(error_message=message.describe())
         try:
-            request = codec.decode_infer_request(message)
+            request = await self._decode(message)
             _from_metadata(request, metadata)
             request.deadline_ns = deadline_ns
             response = await self._dp.infer(request)
@@ -313,7 +320,24 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
 
     @_unary
     async def LogSettings(self, request: Message, context: Context) -> Message:
-        _not_supported("log settings")
+        changes = {key: _setting(value) for key, value in request.settings.items()}
+        settings = await self._dp.log_settings(changes)
+        response = service_pb2.LogSettingsResponse()
+        for key, value in settings.items():
+            entry = response.settings[key]
+            if isinstance(value, bool):
+                entry.bool_param = value
+            elif isinstance(value, int):
+                entry.uint32_param = value
+            else:
+                entry.string_param = str(value)
+        return response
+
+
+def _setting(value: Message) -> bool | int | str | None:
+    """A ``LogSettingsRequest.SettingValue`` as its Python value (None: unset)."""
+    choice = value.WhichOneof("parameter_choice")
+    return None if choice is None else getattr(value, choice)
 
 
 def _deadline_ns(context: Context) -> int:

@@ -30,6 +30,7 @@ from infermux.frontends.http.transport import (
     Send,
     send_reply,
 )
+from infermux.frontends.model_first import unknown_model_first
 from infermux.observability import tracing
 from infermux.repository.overrides import FILE_PREFIX
 from infermux.routing.router import ROUTING_KEY_HEADER, ROUTING_KEY_PARAMETER
@@ -91,6 +92,7 @@ class HttpApp:
                 inference,
             ),
             (re.compile(r"^/v2/repository(?:/[^/]+)?/index$"), self._repository_index, inference),
+            (re.compile(r"^/v2/logging$"), self._logging, _always(Kind.ADMIN)),
             (
                 re.compile(r"^/v2/repository(?:/[^/]+)?/models/([^/]+)/(load|unload)$"),
                 self._repository_control,
@@ -186,11 +188,14 @@ class HttpApp:
 
     async def _infer(self, request: Request, name: str, version: str) -> Reply:
         body = await request.body()
-        header_length = _header_length(request.headers)
-        if header_length == 0:
-            infer_request = await self._raw_request(name, version, body)
-        else:
-            infer_request = codec.decode_infer_request(body, header_length, name, version)
+        try:
+            header_length = _header_length(request.headers)
+            if header_length == 0:
+                infer_request = await self._raw_request(name, version, body)
+            else:
+                infer_request = codec.decode_infer_request(body, header_length, name, version)
+        except InvalidArgumentError as exc:
+            await unknown_model_first(self._dp, name, version, exc)
         infer_request.trace_context = tracing.carrier(request.headers)
         key = request.headers.get(ROUTING_KEY_HEADER)
         if key is not None:
@@ -236,6 +241,14 @@ class HttpApp:
             datatype=spec.datatype,
             shape=shape,
         )
+
+    # -- logging extension ------------------------------------------------------------------------
+
+    async def _logging(self, request: Request, match: re.Match[str]) -> Reply:
+        if request.method == "GET":
+            return Reply.json(await self._dp.log_settings())
+        request.allow("POST")
+        return Reply.json(await self._dp.log_settings(await request.json_object()))
 
     # -- model repository extension ---------------------------------------------------------------
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
+from typing import Any
 
 from infermux.errors import ErrorCode, InfermuxError, InvalidArgumentError, NotFoundError
 from infermux.model_config import ModelConfig, pb
@@ -43,6 +44,7 @@ class FakePlane:
         self.loads: list[tuple[str, str | None]] = []
         self.load_files: list[dict[str, bytes] | None] = []
         self.unloads: list[str] = []
+        self.logging: dict[str, Any] = {"log_info": True, "log_verbose_level": 0}
 
     def live(self) -> bool:
         return True
@@ -189,3 +191,9 @@ class FakePlane:
         if name not in self.regions:
             raise NotFoundError(f"Unable to find system shared memory region: '{name}'")
         return [self.regions[name]]
+
+    async def log_settings(self, changes: dict[str, Any] | None = None) -> dict[str, Any]:
+        if changes and "log_colour" in changes:
+            raise InvalidArgumentError("unknown log setting 'log_colour'")
+        self.logging.update({k: v for k, v in (changes or {}).items() if v is not None})
+        return dict(self.logging)

@@ -208,7 +208,6 @@ async def test_system_shared_memory(client: Any, plane: FakePlane) -> None:
 async def test_unsupported_rpcs_say_so(client: Any) -> None:
     calls: list[tuple[str, Callable[[], Awaitable[Any]]]] = [
         ("trace settings", client.get_trace_settings),
-        ("log settings", client.get_log_settings),
     ]
     for what, call in calls:
         await expect_status(call(), "UNIMPLEMENTED", f"{what} is not supported by infermux yet")
@@ -283,3 +282,24 @@ async def test_a_stream_reads_no_more_than_its_in_flight_bound() -> None:
             assert plane.started == 5
     finally:
         await server.stop()
+
+
+async def test_unknown_model_is_answered_before_a_malformed_request(client: Any) -> None:
+    # Raw contents one element short: a body fault, but the model is unknown, which comes first.
+    short = InferInput("INPUT0", [1, 3], "FP32")
+    short.set_data_from_numpy(np.zeros((1, 3), np.float32)).set_shape([1, 4])
+    await expect_status(client.infer("nobody", [short]), "NOT_FOUND", "unknown model: 'nobody'")
+    await expect_status(client.infer("echo", [short]), "INVALID_ARGUMENT", "INPUT0")
+
+
+async def test_log_settings_convert_each_value_kind(client: Any, plane: FakePlane) -> None:
+    got = await client.get_log_settings(as_json=True)
+    assert got["settings"] == {
+        "log_info": {"bool_param": True},
+        "log_verbose_level": {"uint32_param": 0},
+    }
+    await client.update_log_settings({"log_info": False, "log_verbose_level": 3})
+    assert plane.logging == {"log_info": False, "log_verbose_level": 3}
+    await expect_status(
+        client.update_log_settings({"log_colour": True}), "INVALID_ARGUMENT", "log_colour"
+    )

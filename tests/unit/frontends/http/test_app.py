@@ -252,3 +252,37 @@ async def test_statistics_routes(client: httpx.AsyncClient) -> None:
     assert (await client.get("/v2/models/ident/versions/9/stats")).status_code == 404
     await client.post("/v2/repository/models/ident/unload")
     assert (await client.get("/v2/models/ident/stats")).status_code == 503
+
+
+async def test_unknown_model_is_answered_before_a_malformed_body(client: httpx.AsyncClient) -> None:
+    for body in (b"{not json", b'{"inputs": 3}'):
+        reply = await client.post("/v2/models/nobody/infer", content=body)
+        assert reply.status_code == 404
+        assert reply.json() == {"error": "Request for unknown model: 'nobody' is not found"}
+        known = await client.post("/v2/models/ident/infer", content=body)
+        assert known.status_code == 400
+    bad_header = {"inference-header-content-length": "x"}
+    reply = await client.post("/v2/models/nobody/infer", content=b"{}", headers=bad_header)
+    assert reply.status_code == 404
+    reply = await client.post("/v2/models/ident/versions/7/infer", content=b"{")
+    assert reply.status_code == 404
+    assert "version" in reply.json()["error"]
+
+
+async def test_logging_get_and_post(client: httpx.AsyncClient) -> None:
+    from infermux.observability import logs
+
+    before = (await client.get("/v2/logging")).json()
+    assert set(before) == {
+        "log_file", "log_info", "log_warning", "log_error", "log_verbose_level", "log_format"
+    }  # fmt: skip
+    try:
+        reply = await client.post("/v2/logging", json={"log_warning": False})
+        assert reply.status_code == 200
+        assert reply.json() == {**before, "log_warning": False}
+        refused = await client.post("/v2/logging", json={"log_nonsense": 1})
+        assert refused.status_code == 400
+        assert "log_nonsense" in refused.json()["error"]
+        assert (await client.put("/v2/logging")).status_code == 405
+    finally:
+        logs.update_log_settings(before)
