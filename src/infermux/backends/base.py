@@ -16,6 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from infermux.backends.paths import model_path_of
+from infermux.backends.server_calls import ServerCalls
 from infermux.errors import ModelLoadError
 from infermux.model_config import ModelConfig
 from infermux.types import DeviceArray, Parameters
@@ -30,6 +31,8 @@ class ModelContext:
 
     ``version_path`` is the version directory (``<repo>/<model>/<version>``); ``device`` is
     ``"cpu"`` or ``"cuda:N"`` from the instance group; ``instance_name`` is unique per instance.
+    ``server`` lets the model send requests to the server it runs in (None: it cannot, e.g. in a
+    worker process of its own).
     """
 
     config: ModelConfig
@@ -38,6 +41,7 @@ class ModelContext:
     version_path: Path
     instance_name: str
     device: str = "cpu"
+    server: ServerCalls | None = field(default=None, compare=False)
 
 
 @dataclass(slots=True)

@@ -15,13 +15,13 @@ is ``backends/python_model.py``, which the worker imports without this module.
 
 from __future__ import annotations
 
-from infermux.backends.base import ModelContext, model_file
+from infermux.backends.base import BackendInstance, ModelContext, model_file
 
 # Imported with this module (when the registry first resolves the backend, on the event loop's
 # thread), not lazily in load(): instances load on worker threads, next to threads executing
 # user model files, and CI saw that lazy first import fail twice with python_worker missing from
 # sys.modules halfway through its own import (Python 3.11; not reproduced on demand).
-from infermux.backends.python_model import DEFAULT_FILENAME, PythonInstance, load_in_process
+from infermux.backends.python_model import DEFAULT_FILENAME, load_in_process
 from infermux.backends.python_process import ProcessInstance
 from infermux.errors import ModelLoadError
 
@@ -35,7 +35,7 @@ class PythonBackend:
     name = "python"
     stacks_inputs = False  # execute() receives the list of requests; the model may stack them
 
-    def load(self, context: ModelContext) -> PythonInstance | ProcessInstance:
+    def load(self, context: ModelContext) -> BackendInstance:
         isolation = context.config.parameters.get(ISOLATION_PARAMETER) or "thread"
         if isolation not in ISOLATION_MODES:
             raise ModelLoadError(
@@ -47,6 +47,6 @@ class PythonBackend:
             return ProcessInstance(context)
         return self.load_here(context)
 
-    def load_here(self, context: ModelContext) -> PythonInstance:
+    def load_here(self, context: ModelContext) -> BackendInstance:
         """Load the model into this process."""
         return load_in_process(context)

@@ -16,6 +16,7 @@ from collections.abc import Collection, Sequence
 from pathlib import Path
 
 from infermux.backends.registry import BackendRegistry
+from infermux.backends.server_calls import ServerCalls
 from infermux.errors import (
     InfermuxError,
     ModelLoadError,
@@ -53,11 +54,14 @@ class ModelRepository:
         histograms: bool = False,
         shard: Shard = ONLY,
         execution_timeout_ms: int = 0,
+        server: ServerCalls | None = None,
     ) -> None:
         self._shard = shard  # with several executors: which instances this one holds
         self._observer: LoadObserver = observer or Quiet()
         self._histograms = histograms  # metrics on: each version keeps latency histograms
         self._execution_timeout_ms = execution_timeout_ms  # models' default (0: none)
+        self.server = server or ServerCalls()
+        """How models call the server they run in (BLS): the data plane attaches its ``infer``."""
         self._repositories = list(repositories)
         self._registry = registry
         self._mode = control_mode
@@ -77,6 +81,7 @@ class ModelRepository:
         """Discover the repositories and load what the control mode says to load at startup,
         but for the models in ``skip`` (explicit mode: a restarted executor is given the models
         clients loaded or unloaded since, and must not load them as the command line says)."""
+        self.server.serve_on(asyncio.get_running_loop())  # models' calls run on this loop
         sources = discover_models(self._repositories)
         self._entries = {name: Entry(source) for name, source in sources.items()}
         if self._mode is ControlMode.EXPLICIT:
@@ -364,6 +369,7 @@ class ModelRepository:
                 histograms=self._histograms,
                 shard=self._shard,
                 execution_timeout_ms=self._execution_timeout_ms,
+                server=self.server,
             )
         except InfermuxError as exc:
             return str(exc)
