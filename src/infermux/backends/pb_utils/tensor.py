@@ -65,6 +65,15 @@ class Tensor:
             raise TritonModelException(f"tensor '{self._name}': BYTES tensors have no DLPack form")
         return source.__dlpack__()
 
+    def __dlpack__(self, stream: Any = None) -> Any:
+        return self.to_dlpack()
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        if self._array is not None:
+            return (_DLPACK_CPU, 0)
+        device: tuple[int, int] = self._device.__dlpack_device__()  # type: ignore[attr-defined]
+        return device
+
     @staticmethod
     def from_dlpack(name: str, dlpack_tensor: Any) -> Tensor:
         """A tensor over another framework's memory (zero-copy): an object with ``__dlpack__``
