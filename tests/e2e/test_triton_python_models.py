@@ -193,6 +193,29 @@ METRICS_MODEL = ADD_SUB_MODEL.replace(
     1,
 )
 
+# add_sub whose config says only its backend: auto_complete_config gives the rest (README's).
+AUTO_MODEL = ADD_SUB_MODEL.replace(
+    "class TritonPythonModel:\n",
+    """class TritonPythonModel:
+    @staticmethod
+    def auto_complete_config(auto_complete_model_config):
+        config = auto_complete_model_config.as_dict()
+        names = [i["name"] for i in config["input"]]
+        for name in ("INPUT0", "INPUT1"):
+            if name not in names:
+                tensor = {"name": name, "data_type": "TYPE_FP32", "dims": [4]}
+                auto_complete_model_config.add_input(tensor)
+        for name in ("OUTPUT0", "OUTPUT1"):
+            tensor = {"name": name, "data_type": "TYPE_FP32", "dims": [4]}
+            auto_complete_model_config.add_output(tensor)
+        auto_complete_model_config.set_max_batch_size(0)
+        return auto_complete_model_config
+
+""",
+    1,
+)
+AUTO_CONFIG = 'backend: "python"\n{extra}'
+
 BLS_CONFIG = ADD_SUB_CONFIG.replace(
     "instance_group",
     'input [ {{ name: "MODEL_NAME", data_type: TYPE_STRING, dims: [ 1 ] }} ]\ninstance_group',
@@ -216,6 +239,7 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     add_model(repo, "bls", BLS_MODEL, BLS_CONFIG)
     add_model(repo, "async_bls", ASYNC_BLS_MODEL, BLS_CONFIG)
     add_model(repo, "counted", METRICS_MODEL)
+    add_model(repo, "auto", AUTO_MODEL, AUTO_CONFIG)
     return repo
 
 
@@ -242,7 +266,7 @@ def grpc_inputs(*arrays: np.ndarray) -> list[grpcclient.InferInput]:
     return inputs
 
 
-@pytest.mark.parametrize("model", ["add_sub", "add_sub_isolated"])
+@pytest.mark.parametrize("model", ["add_sub", "add_sub_isolated", "auto"])
 def test_add_sub_answers_as_in_triton_over_http_and_grpc(server: ServerProcess, model: str) -> None:
     rng = np.random.default_rng(0)
     input0, input1 = rng.random(4, dtype=np.float32), rng.random(4, dtype=np.float32)
@@ -257,6 +281,16 @@ def test_add_sub_answers_as_in_triton_over_http_and_grpc(server: ServerProcess, 
     np.testing.assert_allclose(answer.as_numpy("OUTPUT0"), input0 + input1)
     np.testing.assert_allclose(answer.as_numpy("OUTPUT1"), input0 - input1)
     grpc.close()
+
+
+def test_auto_complete_config_completes_a_config_that_names_only_the_backend(
+    server: ServerProcess,
+) -> None:
+    with httpclient.InferenceServerClient(server.url) as client:
+        config = client.get_model_config("auto")
+    assert [t["name"] for t in config["input"]] == ["INPUT0", "INPUT1"]
+    assert [t["data_type"] for t in config["output"]] == ["TYPE_FP32", "TYPE_FP32"]
+    assert config["max_batch_size"] == 0
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,7 @@ names the file and, where the parser tells us, the field.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,11 +33,18 @@ def config_path(model_dir: Path) -> Path:
     return found[0]
 
 
-def load_model_config(model_dir: Path, override_json: str | None = None) -> ModelConfig:
+Complete = Callable[[pb.ModelConfig, Path], None]
+"""Fills in a parsed config in place before it is validated (a backend's auto-complete)."""
+
+
+def load_model_config(
+    model_dir: Path, override_json: str | None = None, complete: Complete | None = None
+) -> ModelConfig:
     """Read, parse and validate the config of the model in ``model_dir``.
 
     ``override_json`` (a ModelConfig as JSON, as in the repository load API) replaces the file.
     A config without a name takes the directory's; a different name is an error, as in Triton.
+    ``complete`` may fill in what the file leaves out (inputs, outputs, batching) first.
     """
     if override_json is not None:
         source = f"{model_dir.name} (config override)"
@@ -57,6 +65,8 @@ def load_model_config(model_dir: Path, override_json: str | None = None) -> Mode
             "name",
             f"'{message.name}' does not match the model directory name '{model_dir.name}'",
         )
+    if complete is not None:
+        complete(message, model_dir)
     return ModelConfig.from_proto(message, source)
 
 

@@ -291,7 +291,9 @@ class ModelRepository:
         path = entry.source.path
         entry.fingerprint = await asyncio.to_thread(fingerprint, path)
         try:
-            config = await asyncio.to_thread(load_model_config, path, config_override)
+            config = await asyncio.to_thread(
+                load_model_config, path, config_override, self._registry.complete_config
+            )
             policy = config.parameters.get(TRAFFIC_PARAMETER)
             if policy is not None:
                 parse_policy(policy)  # a bad policy fails the load, naming the field

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from infermux.backends import BackendInstance, ModelContext, ModelRequest
+from infermux.backends import BackendInstance, BackendRegistry, ModelContext, ModelRequest
 from infermux.backends.pb_utils.custom_metrics import CUSTOM_METRICS
 from infermux.backends.python import PythonBackend
 from infermux.errors import ErrorCode, InfermuxError, InternalError, ModelLoadError
@@ -167,3 +167,36 @@ def test_an_exception_from_execute_fails_the_batch(tmp_path: Path) -> None:
 def test_load_errors_are_clear(tmp_path: Path, source: str, extra: str, message: str) -> None:
     with pytest.raises(ModelLoadError, match=re.escape(message)):
         load(tmp_path, source, extra)
+
+
+AUTO = """
+class TritonPythonModel:
+    @staticmethod
+    def auto_complete_config(config):
+        config.add_input({"name": "INPUT0", "data_type": "TYPE_INT32", "dims": [2]})
+        config.add_output({"name": "EXTRA", "data_type": "TYPE_FP32", "dims": [2]})
+        config.set_max_batch_size(4)
+        return config
+
+    def execute(self, requests):
+        return []
+"""
+
+
+def test_auto_complete_config_fills_in_before_validation(tmp_path: Path) -> None:
+    model_dir = tmp_path / "m"
+    (model_dir / "1").mkdir(parents=True)
+    (model_dir / "config.pbtxt").write_text('backend: "python"\n')
+    (model_dir / "1" / "model.py").write_text(AUTO.replace("INT32", "FP32"))
+    (model_dir / "2").mkdir()  # the highest version's model.py is the one asked
+    (model_dir / "2" / "model.py").write_text(AUTO)
+    config = load_model_config(model_dir, complete=BackendRegistry().complete_config)
+    assert [(t.name, t.datatype, t.dims) for t in config.inputs] == [("INPUT0", "INT32", (2,))]
+    assert [t.name for t in config.outputs] == ["EXTRA"]
+    assert config.max_batch_size == 4
+
+
+def test_auto_complete_config_conflicts_fail_the_load(tmp_path: Path) -> None:
+    model_dir = write_model(tmp_path, "m", source=AUTO)  # INPUT0 is FP32 [-1] there
+    with pytest.raises(ModelLoadError, match=r"auto_complete_config failed: .*data_type"):
+        load_model_config(model_dir, complete=BackendRegistry().complete_config)
