@@ -69,6 +69,20 @@ class ModelRequest:
         return int(shapes[0][0]) if shapes and shapes[0] else 1
 
 
+class Model(Protocol):
+    """What a ``model.py`` of the Python backend defines as ``class Model`` (the infermux
+    contract; Triton's ``TritonPythonModel`` is served too, docs/python-models.md).
+
+    ``execute`` receives a batch, every request waiting when the instance became free, and
+    returns one result per request, in order: a mapping of output name to array, or an
+    exception that fails that request alone. Two optional methods complete it (not declared
+    here, so that a class without them still conforms): ``initialize(context: ModelContext)``,
+    called once before the first batch, and ``finalize()``, once after the last.
+    """
+
+    def execute(self, requests: list[ModelRequest]) -> Sequence[ExecuteResult]: ...
+
+
 class BackendInstance(Protocol):
     """One loaded instance of a model version. Called from one thread at a time."""
 
