@@ -368,3 +368,20 @@ def test_custom_metrics_are_on_metrics_until_the_model_is_unloaded(server: Serve
         assert not {n for n in names if n.startswith("add_sub_")}
         client.load_model("counted")
         assert ("add_sub_requests_total", frozenset({("model", "counted")})) in scrape(server)
+
+
+def test_bls_and_custom_metrics_live_in_the_executor_with_several_front_ends(
+    repository: Path,
+) -> None:
+    args = ["--model-repository", str(repository), "--model-control-mode", "explicit"]
+    models = ["--load-model", "add_sub", "--load-model", "bls", "--load-model", "counted"]
+    with start_server(*args, *models, "--frontends", "2", "--ipc-arena-mb", "4") as server:
+        input0, input1 = np.arange(4, dtype=np.float32), np.ones(4, np.float32)
+        target = np.array([b"add_sub"], dtype=object)
+        grpc = grpcclient.InferenceServerClient(server.grpc_url)
+        answer = grpc.infer("bls", grpc_inputs(input0, input1, target))
+        np.testing.assert_allclose(answer.as_numpy("OUTPUT0"), input0 + input1)
+        grpc.infer("counted", grpc_inputs(input0, input1))
+        grpc.close()
+        series = scrape(server)
+        assert series[("add_sub_requests_total", frozenset({("model", "counted")}))] == 1
