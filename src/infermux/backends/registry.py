@@ -71,7 +71,11 @@ class BackendRegistry:
         name = backend_name(message)
         if name not in self._factories:
             return
-        complete = getattr(self._backend(name), "complete_config", None)
+        try:
+            backend = self._backend(name)
+        except ModelLoadError:
+            return  # not importable: the load says so, as for a model that does not complete
+        complete = getattr(backend, "complete_config", None)
         if complete is not None:
             complete(message, model_dir)
 
