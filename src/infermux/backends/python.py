@@ -7,6 +7,9 @@ The author contract (documented in ``docs/python-models.md``)::
         def execute(self, requests: list[infermux.ModelRequest]) -> list[dict | Exception]: ...
         def finalize(self) -> None: ...                                         # optional
 
+A Triton Python-backend ``model.py`` (``class TritonPythonModel``) is served too, unchanged
+(``backends/triton_model.py``, with ``triton_python_backend_utils`` from ``backends/pb_utils``).
+
 Unlike Triton's Python backend, the model runs in the server process on its instance's thread:
 tensors reach it without an IPC copy. A model that may crash the process can opt into a worker
 process of its own (``isolation: process``, ``backends/python_process.py``). The loading itself
