@@ -12,10 +12,19 @@ import numpy as np
 import pytest
 
 from infermux.backends import pb_utils, server_calls
-from infermux.backends.pb_utils.custom_metrics import CustomMetrics
+from infermux.backends.pb_utils.custom_metrics import CUSTOM_METRICS, CustomMetrics
 from infermux.backends.server_calls import ServerCalls
 from infermux.errors import ErrorCode, InfermuxError, NotFoundError
 from infermux.types import InferRequest, InferResponse, Tensor
+
+
+@pytest.fixture(autouse=True)
+def own_metrics() -> Iterator[None]:
+    """Families these tests create leave the process's /metrics afterwards."""
+    previous = CUSTOM_METRICS.set_owner("test_pb_utils")
+    yield
+    CUSTOM_METRICS.set_owner(previous)
+    CUSTOM_METRICS.release("test_pb_utils")
 
 
 def test_tensor_holds_the_array_itself() -> None:
@@ -243,6 +252,7 @@ def test_metric_kinds_are_enforced() -> None:
 
 
 def test_same_name_and_labels_share_one_series() -> None:
+    assert not any(f.name == "t_shared" for f in CUSTOM_METRICS.collect())  # released
     one = pb_utils.MetricFamily("t_shared", "first", pb_utils.COUNTER).Metric({"m": "x"})
     two = pb_utils.MetricFamily("t_shared", "second", pb_utils.COUNTER).Metric({"m": "x"})
     one.increment(1)
