@@ -3,7 +3,8 @@
 The names exported here are the public contract for model authors (see ``docs/python-models.md``).
 """
 
-from infermux.backends.base import ModelContext, ModelRequest
+from infermux.backends.base import ExecuteResult, Model, ModelContext, ModelRequest
+from infermux.backends.stacking import split, stack
 from infermux.errors import (
     ErrorCode,
     InfermuxError,
@@ -19,9 +20,11 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ErrorCode",
+    "ExecuteResult",
     "InfermuxError",
     "InternalError",
     "InvalidArgumentError",
+    "Model",
     "ModelConfig",
     "ModelContext",
     "ModelRequest",
@@ -30,4 +33,6 @@ __all__ = [
     "UnavailableError",
     "UnsupportedError",
     "__version__",
+    "split",
+    "stack",
 ]

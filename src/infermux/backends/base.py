@@ -16,6 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from infermux.backends.paths import model_path_of
+from infermux.backends.server_calls import ServerCalls
 from infermux.errors import ModelLoadError
 from infermux.model_config import ModelConfig
 from infermux.types import DeviceArray, Parameters
@@ -30,6 +31,8 @@ class ModelContext:
 
     ``version_path`` is the version directory (``<repo>/<model>/<version>``); ``device`` is
     ``"cpu"`` or ``"cuda:N"`` from the instance group; ``instance_name`` is unique per instance.
+    ``server`` lets the model send requests to the server it runs in (None: it cannot, e.g. in a
+    worker process of its own).
     """
 
     config: ModelConfig
@@ -38,6 +41,7 @@ class ModelContext:
     version_path: Path
     instance_name: str
     device: str = "cpu"
+    server: ServerCalls | None = field(default=None, compare=False)
 
 
 @dataclass(slots=True)
@@ -63,6 +67,20 @@ class ModelRequest:
         shapes = [a.shape for a in self.inputs.values()]
         shapes += [a.shape for a in self.device_inputs.values()]
         return int(shapes[0][0]) if shapes and shapes[0] else 1
+
+
+class Model(Protocol):
+    """What a ``model.py`` of the Python backend defines as ``class Model`` (the infermux
+    contract; Triton's ``TritonPythonModel`` is served too, docs/python-models.md).
+
+    ``execute`` receives a batch, every request waiting when the instance became free, and
+    returns one result per request, in order: a mapping of output name to array, or an
+    exception that fails that request alone. Two optional methods complete it (not declared
+    here, so that a class without them still conforms): ``initialize(context: ModelContext)``,
+    called once before the first batch, and ``finalize()``, once after the last.
+    """
+
+    def execute(self, requests: list[ModelRequest]) -> Sequence[ExecuteResult]: ...
 
 
 class BackendInstance(Protocol):

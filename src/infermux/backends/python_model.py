@@ -14,7 +14,14 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from infermux.backends.base import ExecuteResult, ModelContext, ModelRequest, model_file
+from infermux.backends import pb_utils, triton_model
+from infermux.backends.base import (
+    BackendInstance,
+    ExecuteResult,
+    ModelContext,
+    ModelRequest,
+    model_file,
+)
 from infermux.errors import InternalError, ModelLoadError
 
 MODEL_CLASS = "Model"
@@ -23,13 +30,19 @@ DEFAULT_FILENAME = "model.py"
 _module_ids = itertools.count()
 
 
-def load_in_process(context: ModelContext) -> PythonInstance:
-    """Load the model into this process (the server's, or a worker's)."""
+def load_in_process(context: ModelContext) -> BackendInstance:
+    """Load the model into this process (the server's, or a worker's): an infermux ``Model``,
+    or a Triton ``TritonPythonModel`` (``backends/triton_model.py``)."""
     path = Path(model_file(context, DEFAULT_FILENAME))
-    module = _import_file(path, context)
+    module = import_model_file(path, context.config.name, context.version)
     cls = getattr(module, MODEL_CLASS, None)
+    if cls is None and inspect.isclass(getattr(module, triton_model.TRITON_CLASS, None)):
+        return triton_model.load(module, context, str(path))
     if not inspect.isclass(cls):
-        raise ModelLoadError(f"{path}: must define a class named '{MODEL_CLASS}'")
+        raise ModelLoadError(
+            f"{path}: must define a class named '{MODEL_CLASS}' "
+            f"(or Triton's '{triton_model.TRITON_CLASS}')"
+        )
     if not callable(getattr(cls, "execute", None)):
         raise ModelLoadError(f"{path}: class '{MODEL_CLASS}' has no execute(requests) method")
     try:
@@ -67,10 +80,15 @@ class PythonInstance:
             finalize()
 
 
-def _import_file(path: Path, context: ModelContext) -> ModuleType:
-    # A fresh module per instance: authors may keep state at module level, and versions of the same
-    # model must not share it.
-    name = f"infermux_models.{context.config.name}.v{context.version}.m{next(_module_ids)}"
+def import_model_file(path: Path, model: str, version: int) -> ModuleType:
+    """Import ``path`` as a fresh module; raises ModelLoadError saying why it failed.
+
+    A fresh module per instance: authors may keep state at module level, and versions of the
+    same model must not share it. Triton's ``triton_python_backend_utils`` is importable from
+    then on (registered under that name, unless the process already has one).
+    """
+    sys.modules.setdefault(pb_utils.MODULE_NAME, pb_utils)
+    name = f"infermux_models.{model}.v{version}.m{next(_module_ids)}"
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise ModelLoadError(f"{path}: cannot be imported as a Python module")

@@ -11,6 +11,7 @@ both ends; the worker sends exceptions as plain text, ``python_worker.RemoteFail
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import multiprocessing
 import signal
@@ -123,7 +124,8 @@ class ProcessInstance:
         ours, theirs = context.Pipe()
         process = context.Process(
             target=python_worker.main,
-            args=(theirs, self._context),
+            # The server's handle for BLS stays here: a worker cannot call into the server.
+            args=(theirs, dataclasses.replace(self._context, server=None)),
             name=f"infermux-model-{self._context.instance_name}",
             daemon=True,  # terminated with the executor when it exits normally
         )

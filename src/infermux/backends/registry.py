@@ -10,10 +10,11 @@ import importlib
 import logging
 from collections.abc import Callable
 from importlib.metadata import entry_points
+from pathlib import Path
 
 from infermux.backends.base import Backend
 from infermux.errors import ModelLoadError
-from infermux.model_config import ModelConfig
+from infermux.model_config import ModelConfig, pb
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +38,7 @@ _PLATFORMS: dict[str, str] = {
 }
 
 
-def backend_name(config: ModelConfig) -> str:
+def backend_name(config: ModelConfig | pb.ModelConfig) -> str:
     """The backend a config asks for: ``backend`` if set, else the one mapped from ``platform``."""
     if config.backend:
         return config.backend
@@ -70,6 +71,21 @@ class BackendRegistry:
         """Every backend name that can be resolved."""
         return sorted(self._factories)
 
+    def complete_config(self, message: pb.ModelConfig, model_dir: Path) -> None:
+        """Let the config's backend fill in what the config leaves out, before validation
+        (a backend with a ``complete_config(message, model_dir)`` method; the others leave it
+        as it is). An unknown backend is left for the load to report."""
+        name = backend_name(message)
+        if name not in self._factories:
+            return
+        try:
+            backend = self._backend(name)
+        except ModelLoadError:
+            return  # not importable: the load says so, as for a model that does not complete
+        complete = getattr(backend, "complete_config", None)
+        if complete is not None:
+            complete(message, model_dir)
+
     def get(self, config: ModelConfig) -> Backend:
         """The backend for ``config``; raises :class:`ModelLoadError` naming the field (``platform``
         or ``backend``) that asks for what is missing."""
@@ -78,20 +94,23 @@ class BackendRegistry:
             raise ModelLoadError(
                 f"model '{config.name}': config sets neither 'backend' nor 'platform'"
             )
-        if name not in self._backends:
-            factory = self._factories.get(name)
-            if factory is None:
-                raise ModelLoadError(
-                    f"model '{config.name}': {_field(config)} is not supported: no backend "
-                    f"'{name}' is installed (available: {', '.join(self.names)})"
-                )
-            self._backends[name] = factory()
+        if name not in self._factories:
+            raise ModelLoadError(
+                f"model '{config.name}': {_field(config)} is not supported: no backend "
+                f"'{name}' is installed (available: {', '.join(self.names)})"
+            )
+        backend = self._backend(name)
         if config.backend and config.platform and _PLATFORMS.get(config.platform) != name:
             # Triton refuses the pair too; serving it would silently ignore the platform.
             raise ModelLoadError(
                 f"model '{config.name}': platform '{config.platform}' is not supported with "
                 f"backend '{config.backend}'"
             )
+        return backend
+
+    def _backend(self, name: str) -> Backend:
+        if name not in self._backends:
+            self._backends[name] = self._factories[name]()
         return self._backends[name]
 
 

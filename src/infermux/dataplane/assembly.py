@@ -57,7 +57,8 @@ def build_repository(
 
 
 def build_dataplane(settings: ServerSettings, repository: ModelRepository) -> DataPlane:
-    return DataPlane(
+    """The data plane over ``repository``; its models' own requests (BLS) go through it too."""
+    plane = DataPlane(
         repository,
         version=__version__,
         name=settings.server_name,
@@ -72,3 +73,5 @@ def build_dataplane(settings: ServerSettings, repository: ModelRepository) -> Da
         ),
         limits=InputLimits(settings.max_input_elements, settings.max_bytes_element_size),
     )
+    repository.server.attach(plane.infer)
+    return plane

@@ -28,6 +28,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from infermux.backends.pb_utils.custom_metrics import CUSTOM_METRICS
 from infermux.backends.precision import PrecisionReport
 from infermux.errors import FailureReason
 from infermux.observability.statistics import Histogram
@@ -228,6 +229,8 @@ class ServerCollector(Collector):
                     if value is not None:  # a GPU that does not report its power
                         families[name].add_sample(name, {"gpu_uuid": gpu.uuid}, value)
         yield from (f for f in families.values() if f.samples)
+        # Families the models defined (Triton's pb_utils.MetricFamily), while they are loaded.
+        yield from CUSTOM_METRICS.collect()
 
 
 def _model_samples(families: dict[str, Metric], model: LoadedModel) -> None:

@@ -6,6 +6,7 @@ names the file and, where the parser tells us, the field.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,15 +33,24 @@ def config_path(model_dir: Path) -> Path:
     return found[0]
 
 
+Complete = Callable[[pb.ModelConfig, Path], None]
+"""Fills in a parsed config in place before it is validated (a backend's auto-complete)."""
+
+
 def load_model_config(
-    model_dir: Path, override_json: str | None = None, *, name: str | None = None
+    model_dir: Path,
+    override_json: str | None = None,
+    complete: Complete | None = None,
+    *,
+    name: str | None = None,
 ) -> ModelConfig:
     """Read, parse and validate the config of the model in ``model_dir``, refusing the fields
     infermux does not support yet (:func:`~infermux.model_config.check_supported`).
 
     ``override_json`` (a ModelConfig as JSON, as in the repository load API) replaces the file.
     A config without a name takes the model's (``name``, else the directory's); a different name
-    is an error, as in Triton.
+    is an error, as in Triton. ``complete`` may fill in what the file leaves out (inputs,
+    outputs, batching) first.
     """
     model_name = model_dir.name if name is None else name
     if override_json is not None:
@@ -62,6 +72,8 @@ def load_model_config(
             "name",
             f"'{message.name}' does not match the model directory name '{model_name}'",
         )
+    if complete is not None:
+        complete(message, model_dir)
     config = ModelConfig.from_proto(message, source)
     check_supported(config, source)
     return config

@@ -14,6 +14,7 @@ from infermux.backends.base import BackendInstance, ModelContext
 from infermux.backends.paths import model_path_of
 from infermux.backends.precision import CALIBRATION_DATA
 from infermux.backends.registry import BackendRegistry
+from infermux.backends.server_calls import ServerCalls
 from infermux.errors import ModelLoadError
 from infermux.model_config import ModelConfig
 from infermux.observability.statistics import ModelStatistics
@@ -55,15 +56,17 @@ async def build_version(
     histograms: bool = False,
     shard: Shard = ONLY,
     execution_timeout_ms: int = 0,
+    server: ServerCalls | None = None,
 ) -> LoadedModel:
     """Create, warm up and schedule the instances of ``version`` that ``shard`` holds (every
     instance with one executor); raises the load error. ``histograms``: keep the latency
     histograms the metrics publish. ``execution_timeout_ms``: the server's bound on one
-    ``execute`` (0: none), which the model's ``execution_timeout_ms`` parameter overrides."""
+    ``execute`` (0: none), which the model's ``execution_timeout_ms`` parameter overrides.
+    ``server``: what the instances call the server through (BLS; None: they cannot)."""
     backend = registry.get(config)
     timeout_ms = execution_timeout(config, execution_timeout_ms)
     mine = placements(config, shard)
-    makers = instance_makers(backend.load, config, path, version, mine)
+    makers = instance_makers(backend.load, config, path, version, mine, server=server)
     instances = await asyncio.to_thread(_create_instances, makers)
     uses = instance_memory(instances)
     if uses:
@@ -144,10 +147,14 @@ def instance_makers(
     path: Path,
     version: int,
     mine: Sequence[Placement],
+    *,
+    server: ServerCalls | None = None,
 ) -> list[Callable[[], BackendInstance]]:
     """One blocking maker per placement: loads and warms up that instance (again, to replace
     one that overran the execution timeout)."""
-    return [functools.partial(_create_one, load, config, path, version, p) for p in mine]
+    return [
+        functools.partial(_create_one, load, config, path, version, p, server=server) for p in mine
+    ]
 
 
 def _create_one(
@@ -156,6 +163,8 @@ def _create_one(
     path: Path,
     version: int,
     placement: Placement,
+    *,
+    server: ServerCalls | None,
 ) -> BackendInstance:
     context = ModelContext(
         config=config,
@@ -164,6 +173,7 @@ def _create_one(
         version_path=path / str(version),
         instance_name=placement.name,
         device=placement.device,
+        server=server,
     )
     instance = load(context)
     try:

@@ -15,6 +15,7 @@ from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
 from infermux.backends.registry import BackendRegistry
+from infermux.backends.server_calls import ServerCalls
 from infermux.errors import (
     InfermuxError,
     InvalidArgumentError,
@@ -57,11 +58,14 @@ class ModelRepository:
         execution_timeout_ms: int = 0,
         load_concurrency: int = LOAD_CONCURRENCY,
         exit_on_error: bool = False,
+        server: ServerCalls | None = None,
     ) -> None:
         self._shard = shard  # with several executors: which instances this one holds
         self._observer: LoadObserver = observer or Quiet()
         self._histograms = histograms  # metrics on: each version keeps latency histograms
         self._execution_timeout_ms = execution_timeout_ms  # models' default (0: none)
+        self.server = server or ServerCalls()
+        """How models call the server they run in (BLS): the data plane attaches its ``infer``."""
         self._repositories = list(repositories)
         self._registry = registry
         self._mode = control_mode
@@ -83,6 +87,7 @@ class ModelRepository:
         but for the models in ``skip`` (explicit mode: a restarted executor is given the models
         clients loaded or unloaded since, and must not load them as the command line says).
         With ``exit_on_error`` a model that fails to load raises :class:`StartupError`."""
+        self.server.serve_on(asyncio.get_running_loop())  # models' calls run on this loop
         sources = discover_models(self._repositories)
         self._entries = {name: Entry(source) for name, source in sources.items()}
         missing: list[str] = []
@@ -361,7 +366,13 @@ class ModelRepository:
         (its reload failed) and whether a version from ``path`` serves."""
         entry.fingerprint = await asyncio.to_thread(fingerprint, path)
         try:
-            config = await asyncio.to_thread(load_model_config, path, config_override, name=name)
+            config = await asyncio.to_thread(
+                load_model_config,
+                path,
+                config_override,
+                self._registry.complete_config,
+                name=name,
+            )
             self._registry.get(config)  # an unknown platform or backend fails the whole load
             policy = config.parameters.get(TRAFFIC_PARAMETER)
             if policy is not None:
@@ -440,6 +451,7 @@ class ModelRepository:
                 histograms=self._histograms,
                 shard=self._shard,
                 execution_timeout_ms=self._execution_timeout_ms,
+                server=self.server,
             )
         except InfermuxError as exc:
             return str(exc)

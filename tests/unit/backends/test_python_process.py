@@ -182,3 +182,43 @@ def test_a_worker_that_dies_while_starting_twice_fails_the_load(tmp_path: Path) 
     )
     with pytest.raises(ModelLoadError, match="exited with code 5 while loading"):
         ProcessInstance(context_for(model_dir))
+
+
+# A Triton model in a worker: its pid as OUTPUT0, an error response for 3, a BLS call for 5.
+TRITON_MODEL = """
+import os
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            if x[0, 0] == 3:
+                error = pb_utils.TritonError("three", pb_utils.TritonError.UNSUPPORTED)
+                responses.append(pb_utils.InferenceResponse([], error))
+                continue
+            if x[0, 0] == 5:
+                pb_utils.InferenceRequest(model_name="other", inputs=[]).exec()
+            out = pb_utils.Tensor("OUTPUT0", np.full((1, 1), os.getpid(), np.float32))
+            responses.append(pb_utils.InferenceResponse([out]))
+        return responses
+"""
+
+
+def test_a_triton_model_runs_in_a_worker_without_bls(tmp_path: Path) -> None:
+    extra = 'parameters { key: "isolation" value: { string_value: "process" } }'
+    model_dir = write_model(tmp_path, "iso", source=TRITON_MODEL, extra=extra)
+    instance = PythonBackend().load(context_for(model_dir))
+    assert isinstance(instance, ProcessInstance)
+    assert pid_of(instance) == instance.pid != os.getpid()
+    (failed,) = instance.execute([request(3)])
+    assert isinstance(failed, InfermuxError)
+    assert failed.code is ErrorCode.UNSUPPORTED
+    assert failed.message == "three"
+    with pytest.raises(Exception, match="not isolation: process"):
+        instance.execute([request(5)])
+    instance.close()

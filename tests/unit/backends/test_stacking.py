@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import hypothesis.extra.numpy as hnp
@@ -11,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import infermux
 from infermux.backends.base import ModelRequest
 from infermux.backends.stacking import compatible, split, stack
 from infermux.errors import InvalidArgumentError
@@ -95,3 +97,23 @@ def test_stack_into_a_buffer_the_backend_offers() -> None:
     assert stacked["x"].tolist() == [[0, 0, 0], [1, 1, 1], [2, 2, 2]]
     assert not np.shares_memory(stacked["y"], buffer)
     assert stacked["y"].shape == (3, 2)
+
+
+class _Doubler:
+    """A model written against the public contract (type-checked: it must conform)."""
+
+    def execute(self, requests: list[infermux.ModelRequest]) -> Sequence[infermux.ExecuteResult]:
+        x = np.asarray(infermux.stack(requests)["INPUT0"], dtype=np.float32)
+        return infermux.split({"OUTPUT0": x * 2}, [r.batch_size for r in requests])
+
+
+def test_model_authors_get_the_contract_and_the_helpers_from_infermux() -> None:
+    model: infermux.Model = _Doubler()
+    requests = [
+        infermux.ModelRequest({"INPUT0": np.ones((n, 2), np.float32)}, ("OUTPUT0",)) for n in (1, 3)
+    ]
+    results = model.execute(requests)
+    assert [np.asarray(r["OUTPUT0"]).shape for r in results if isinstance(r, Mapping)] == [
+        (1, 2),
+        (3, 2),
+    ]

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
 
 import infermux
 
 
 class Model:
-    def execute(self, requests: list[infermux.ModelRequest]) -> list[Any]:
+    def execute(self, requests: list[infermux.ModelRequest]) -> Sequence[infermux.ExecuteResult]:
         return [{"OUTPUT0": request.inputs["INPUT0"]} for request in requests]
