@@ -120,6 +120,17 @@ async def logging(http: httpx.AsyncClient) -> None:
         await http.post("/v2/logging", json={"log_verbose_level": before["log_verbose_level"]})
 
 
+async def trace(http: httpx.AsyncClient) -> None:
+    assert (await http.get("/v2/trace/setting")).json()["trace_level"] == ["OFF"]
+    try:
+        changed = await http.post("/v2/models/ident/trace/setting", json={"trace_rate": "3"})
+        assert changed.status_code == 200, changed.text
+        assert (await http.get("/v2/models/ident/trace/setting")).json()["trace_rate"] == "3"
+        assert (await http.get("/v2/trace/setting")).json()["trace_rate"] == "1000"
+    finally:  # the settings are the process's: leave them as they were
+        await http.post("/v2/models/ident/trace/setting", json={"trace_rate": None})
+
+
 PROBES: dict[str, Probe] = {
     probe.__name__: probe
     for probe in (
@@ -132,6 +143,7 @@ PROBES: dict[str, Probe] = {
         system_shared_memory,
         cuda_shared_memory,
         logging,
+        trace,
     )
 }
 
