@@ -45,6 +45,7 @@ from infermux.types import (
     uses_shared_memory,
 )
 
+from .classification import classified, wanted_classes
 from .cuda_shared_memory import CudaSharedMemoryRegistry
 from .inputs import InputLimits, to_model_request
 from .micro_batches import (
@@ -210,12 +211,17 @@ class DataPlane:
         model = route.model
         staged: list[Block] = []  # shared-memory inputs read into the staging arena
         try:
+            classes = wanted_classes(model.config, request.outputs) if request.outputs else {}
             device = self._read_shared_memory(model, request, staged)
             model_request = to_model_request(model.config, request, device, self._limits)
             if TRACING.tracer is not None:
                 TRACING.annotate_request(model_request.batch_size)
             done = await self._schedule(route, model_request)
-            outputs = self._place_outputs(request, done.outputs)
+            outputs = done.outputs
+            if classes:
+                batched = model.config.batching
+                outputs = classified(outputs, classes, batched=batched, labels=model.labels)
+            outputs = self._place_outputs(request, outputs)
             if staged:
                 outputs = self._shm.unstaged(outputs)
         except InfermuxError as exc:

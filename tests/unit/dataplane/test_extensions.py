@@ -55,6 +55,16 @@ async def binary_tensor_data(http: httpx.AsyncClient) -> None:
     assert np.frombuffer(reply.content[length:], "<f4").tolist() == [1.5, 2.5]
 
 
+async def classification(http: httpx.AsyncClient) -> None:
+    body = {
+        "inputs": [tensor([0.5, 2.0, 1.0])],
+        "outputs": [{"name": "OUTPUT0", "parameters": {"classification": 2}}],
+    }
+    reply = await http.post(INFER, json=body)
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["outputs"][0]["data"] == ["2.000000:1", "1.000000:2"]
+
+
 async def model_configuration(http: httpx.AsyncClient) -> None:
     reply = await http.get("/v2/models/ident/config")
     assert reply.status_code == 200
@@ -135,6 +145,7 @@ PROBES: dict[str, Probe] = {
     probe.__name__: probe
     for probe in (
         binary_tensor_data,
+        classification,
         model_configuration,
         model_repository,
         parameters,
