@@ -96,6 +96,19 @@ def write_model(
     return model_dir
 
 
+def write_classifier(
+    repo: Path, name: str, labels: Sequence[str], *, datatype: str = "FP32", max_batch_size: int = 8
+) -> Path:
+    """An identity model (:func:`write_model`) whose OUTPUT0 has ``labels`` as its
+    ``label_filename`` (``labels.txt``): the input values are the scores of the classes."""
+    model_dir = write_model(repo, name, datatype=datatype, max_batch_size=max_batch_size)
+    config = model_dir / "config.pbtxt"
+    output = f'output [ {{ name: "OUTPUT0", data_type: {config_type(datatype)}, dims: [ -1 ]'
+    config.write_text(config.read_text().replace(output, output + ', label_filename: "labels.txt"'))
+    (model_dir / "labels.txt").write_text("".join(f"{label}\n" for label in labels))
+    return model_dir
+
+
 def identity_name(datatype: str) -> str:
     return f"identity_{datatype.lower()}"
 

@@ -16,15 +16,18 @@ from .shared_memory import SharedMemoryRegistry
 
 # Only what is really served is announced; perf_analyzer and clients key behaviour off this list,
 # and tests/unit/dataplane/test_extensions.py calls each one's endpoint. schedule_policy: the
-# request parameters priority and timeout (scheduling/queue.py).
+# request parameters priority and timeout (scheduling/queue.py); trace: the settings of
+# observability/trace_settings.py; classification: dataplane/classification.py.
 EXTENSIONS = (
     "binary_tensor_data",
+    "classification",
     "logging",
     "model_configuration",
     "model_repository",
     "parameters",
     "schedule_policy",
     "statistics",
+    "trace",
 )
 SHM_EXTENSIONS = ("system_shared_memory", "cuda_shared_memory")
 

@@ -45,6 +45,7 @@ from infermux.types import (
     uses_shared_memory,
 )
 
+from .classification import classified, wanted_classes
 from .cuda_shared_memory import CudaSharedMemoryRegistry
 from .inputs import InputLimits, to_model_request
 from .micro_batches import (
@@ -141,11 +142,14 @@ class DataPlane:
         """Validate, schedule and run one request; raises an :class:`InfermuxError` on failure."""
         started = time.perf_counter_ns()
         route = self.router.route(request)
-        if TRACING.tracer is None or not TRACING.sampled(request.trace_context):
+        if TRACING.tracer is None:
             return await self._infer(route, request, started)
         model = route.model
+        sampler = TRACING.sampled(model.name, request.trace_context)
+        if sampler is None:
+            return await self._infer(route, request, started)
         with TRACING.request_span(
-            model.name, str(model.version), request.id, request.trace_context
+            model.name, str(model.version), request.id, request.trace_context, sampler
         ):
             return await self._infer(route, request, started)
 
@@ -207,12 +211,17 @@ class DataPlane:
         model = route.model
         staged: list[Block] = []  # shared-memory inputs read into the staging arena
         try:
+            classes = wanted_classes(model.config, request.outputs) if request.outputs else {}
             device = self._read_shared_memory(model, request, staged)
             model_request = to_model_request(model.config, request, device, self._limits)
             if TRACING.tracer is not None:
                 TRACING.annotate_request(model_request.batch_size)
             done = await self._schedule(route, model_request)
-            outputs = self._place_outputs(request, done.outputs)
+            outputs = done.outputs
+            if classes:
+                batched = model.config.batching
+                outputs = classified(outputs, classes, batched=batched, labels=model.labels)
+            outputs = self._place_outputs(request, outputs)
             if staged:
                 outputs = self._shm.unstaged(outputs)
         except InfermuxError as exc:
@@ -408,6 +417,17 @@ class DataPlane:
         supervisor when a client changed them through another process)."""
         verbose = update_log_settings(changes)["log_verbose_level"]
         self._log_requests = int(verbose) > 1  # as --log-verbose 2: a line per request
+
+    # -- trace extension --------------------------------------------------------------------------
+
+    async def trace_settings(
+        self, model: str = "", changes: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """The trace settings of ``model`` (global when ""), after applying ``changes`` when
+        given (Triton's trace extension, ``observability/trace_settings.py``)."""
+        if model and not self._repository.is_ready(model, ""):
+            raise InvalidArgumentError(f"Request for unknown model : {model}")
+        return dict(TRACING.trace_settings(model, changes))
 
     def close(self) -> None:
         """Release what the data plane holds itself (shared-memory mappings, shadow runs)."""

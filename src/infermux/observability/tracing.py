@@ -12,6 +12,10 @@ trace comes first and costs a counter (Triton's ``rate``: one request in N) or a
 caller's ``traceparent`` flags, so the requests not traced create no span at all (the SDK's
 own sampler would cost ~25 µs per request to decide "no"). The scheduler's clock is
 ``perf_counter_ns``; spans are stamped after the fact with wall-clock times derived from it.
+
+Which requests are traced can change at run time, globally or per model: Triton's trace
+extension, whose settings :mod:`.trace_settings` keeps (each process that makes spans, every
+executor with ``--frontends N``, holds its own).
 """
 
 from __future__ import annotations
@@ -20,12 +24,15 @@ import contextlib
 import contextvars
 import logging
 import re
+import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from infermux.errors import StartupError
+from infermux.errors import StartupError, UnsupportedError
 from infermux.settings import TraceSettings
+
+from .trace_settings import LEVEL, Sampler, TraceTable, TraceValue, checked_trace_changes
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
@@ -49,19 +56,30 @@ def carrier(headers: Mapping[str, str] | Iterable[tuple[str, str]]) -> dict[str,
 
 
 class Tracing:
-    """The process's tracer: None until :meth:`start` (or :meth:`use`) turned tracing on."""
+    """The process's tracer: None while no scope of :attr:`table` traces (then nothing of
+    OpenTelemetry runs); the provider is made on the first need and kept until
+    :meth:`shutdown`."""
 
     def __init__(self) -> None:
         self.tracer: Tracer | None = None
         self._provider: TracerProvider | None = None
+        self._settings = TraceSettings()
+        self.table = TraceTable(self._settings.level, self._settings.rate, self._settings.url)
         self._wall_offset_ns = 0
-        self._rate = 1
-        self._count = 0
+        self._flushing = threading.Lock()
 
     def start(self, settings: TraceSettings) -> None:
-        """Export traces as ``settings`` say (nothing when their level is OFF)."""
+        """Trace as ``settings`` (the command line) say; with their level OFF nothing starts,
+        but a client may turn tracing on later (:meth:`trace_settings`)."""
+        self._settings = settings
+        self.table = TraceTable(settings.level, settings.rate, settings.url)
         if not settings.enabled:
             return
+        self._use(self._otlp_provider())
+        logger.info("tracing 1 request in %d to %s", settings.rate, settings.url)
+
+    def _otlp_provider(self) -> TracerProvider:
+        settings = self._settings
         try:
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
             from opentelemetry.sdk.resources import Resource
@@ -76,35 +94,82 @@ class Tracing:
         provider = TracerProvider(resource=resource)
         # Spans leave in batches from the SDK's own thread: the request path only queues them.
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=settings.url)))
-        self.use(provider, rate=settings.rate)
-        logger.info("tracing 1 request in %d to %s", settings.rate, settings.url)
+        return provider
 
     def use(self, provider: TracerProvider, *, rate: int = 1) -> None:
         """Trace one request in ``rate`` through ``provider`` (tests pass one with an
         in-memory exporter)."""
+        self.table = TraceTable("TIMESTAMPS", rate, self._settings.url)
+        self._use(provider)
+
+    def _use(self, provider: TracerProvider) -> None:
         self._provider = provider
         self.tracer = provider.get_tracer("infermux")
         self._wall_offset_ns = time.time_ns() - time.perf_counter_ns()
-        self._rate, self._count = rate, 0
 
-    def sampled(self, carrier: Mapping[str, str]) -> bool:
-        """Whether to trace a request: as its caller's ``traceparent`` says when it has a valid
-        one, else one request in ``rate`` (counted, as tritonserver does)."""
+    def trace_settings(
+        self, model: str = "", changes: Mapping[str, object] | None = None
+    ) -> dict[str, TraceValue]:
+        """The trace settings of ``model`` (global ones when ""), after applying ``changes``
+        (Triton's trace extension, :mod:`.trace_settings`): all of them or, when one is
+        refused, none. Turning a level on makes the exporter if there is none yet."""
+        if changes:
+            checked = checked_trace_changes(changes)
+            if checked.get(LEVEL) == "TIMESTAMPS" and self._provider is None:
+                try:
+                    provider = self._otlp_provider()
+                except StartupError as exc:
+                    raise UnsupportedError(f"tracing cannot be turned on: {exc}") from None
+                self._use(provider)
+            self.table.update(model, checked)
+            if self._provider is not None:
+                on = self.table.any_on()
+                self.tracer = self._provider.get_tracer("infermux") if on else None
+        return self.table.settings(model)
+
+    def sampled(self, model: str, carrier: Mapping[str, str]) -> Sampler | None:
+        """Whether to trace a request to ``model`` (the sampler that chose it, else None): as
+        its caller's ``traceparent`` says when it has a valid one and the model's level is
+        on, else one request in the model's ``trace_rate`` (counted, as tritonserver does)."""
+        sampler = self.table.sampler(model)
+        if not sampler.on:
+            return None
         parent = carrier.get("traceparent") if carrier else None
         if parent is not None and _TRACEPARENT.fullmatch(parent) and parent[:2] != "ff":
-            return int(parent[-2:], 16) & 1 == 1
-        self._count += 1
-        return self._count % self._rate == 0
+            return sampler if int(parent[-2:], 16) & 1 == 1 else None
+        return sampler if sampler.sample() else None
+
+    def ended(self, sampler: Sampler) -> None:
+        """A trace ``sampler`` started has ended: hand the spans to the exporter now when its
+        ``log_frequency`` says so (on a thread: an export waits on the network)."""
+        provider = self._provider
+        if provider is None or not sampler.ended() or not self._flushing.acquire(blocking=False):
+            return  # one flush at a time: the one under way takes these spans too
+
+        def flush() -> None:
+            try:
+                provider.force_flush()
+            finally:
+                self._flushing.release()
+
+        threading.Thread(target=flush, name="infermux-trace-flush", daemon=True).start()
 
     def shutdown(self) -> None:
         """Flush the spans not yet exported and turn tracing off."""
         provider, self._provider, self.tracer = self._provider, None, None
+        self._settings = TraceSettings()
+        self.table = TraceTable(self._settings.level, self._settings.rate, self._settings.url)
         if provider is not None:
             provider.shutdown()
 
     @contextlib.contextmanager
     def request_span(
-        self, model: str, version: str, request_id: str, carrier: Mapping[str, str]
+        self,
+        model: str,
+        version: str,
+        request_id: str,
+        carrier: Mapping[str, str],
+        sampler: Sampler | None = None,
     ) -> Iterator[Span]:
         """The ``infer`` span of a request :meth:`sampled` chose, current for the block (so that
         the scheduler can find it); an exception leaving the block marks it failed."""
@@ -130,6 +195,8 @@ class Tracing:
                 yield span
         finally:
             _REQUEST.reset(token)
+            if sampler is not None:
+                self.ended(sampler)
 
     def current(self) -> SpanContext | None:
         """The context of the request span being recorded in this task, else None."""

@@ -3,10 +3,10 @@
 A new executor process starts from the command line: the startup models of
 ``--model-control-mode=explicit``, no client shared-memory registrations. Everything clients
 changed since — models loaded (with their ``config`` override) or unloaded through the
-repository API, system and CUDA shared-memory regions registered — would be lost with the old
-process, silently: the index would show a loaded model gone, an unloaded one back. So the
-supervisor keeps that desired state and every executor it starts gets it back before any front
-end is attached to it (readiness is false until then).
+repository API, system and CUDA shared-memory regions registered, trace settings — would be
+lost with the old process, silently: the index would show a loaded model gone, an unloaded
+one back. So the supervisor keeps that desired state and every executor it starts gets it back
+before any front end is attached to it (readiness is false until then).
 
 Where the state comes from: the executor reports each such call that *succeeded* on it
 (:class:`~.control.Changed`, sent by the executor process). That is the single source of
@@ -31,6 +31,7 @@ import msgspec
 from infermux.dataplane.operations import Operations
 from infermux.dataplane.plane import DataPlane
 from infermux.errors import InfermuxError
+from infermux.observability.trace_settings import specified
 from infermux.repository import ModelRepository
 
 logger = logging.getLogger("infermux.executor")
@@ -45,6 +46,7 @@ CHANGES = frozenset(
         "shm_unregister",
         "cuda_shm_register",
         "cuda_shm_unregister",
+        "trace_settings",
     }
 )
 """The data-plane calls that change what an executor must be given back after a restart.
@@ -55,6 +57,12 @@ meaning replayed on a fresh router.)"""
 # that ``load_model("m", config_override=c)`` and ``load_model("m", c)`` read the same.
 # (A load's ``files`` arrive here as the executor read them from the arena, never as blocks.)
 _SIGNATURES = {name: inspect.signature(getattr(Operations, name)) for name in CHANGES}
+
+
+def _bound(method: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    bound = _SIGNATURES[method].bind(None, *args, **kwargs)
+    bound.apply_defaults()
+    return dict(bound.arguments)
 
 
 class ModelWish(msgspec.Struct, frozen=True):
@@ -79,20 +87,20 @@ class CudaRegion(msgspec.Struct, frozen=True):
 
 
 class Desired(msgspec.Struct):
-    """What clients changed: models by name, shared-memory regions by name."""
+    """What clients changed: models by name, shared-memory regions by name, trace settings by
+    scope ("": global, else a model's; as clients sent them)."""
 
     models: dict[str, ModelWish] = msgspec.field(default_factory=dict)
     shm: dict[str, SystemRegion] = msgspec.field(default_factory=dict)
     cuda_shm: dict[str, CudaRegion] = msgspec.field(default_factory=dict)
+    trace: dict[str, dict[str, Any]] = msgspec.field(default_factory=dict)
 
     def copy(self) -> Desired:
-        return Desired(dict(self.models), dict(self.shm), dict(self.cuda_shm))
+        return Desired(dict(self.models), dict(self.shm), dict(self.cuda_shm), dict(self.trace))
 
     def record(self, method: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
         """Apply one call of :data:`CHANGES` that succeeded (the same call twice: no change)."""
-        bound = _SIGNATURES[method].bind(None, *args, **kwargs)
-        bound.apply_defaults()
-        a = bound.arguments
+        a = _bound(method, args, kwargs)
         if method == "load_model":
             files = a["files"]
             self.models[a["name"]] = ModelWish(
@@ -107,6 +115,12 @@ class Desired(msgspec.Struct):
         elif method == "cuda_shm_register":
             region = CudaRegion(bytes(a["raw_handle"]), a["device_id"], a["byte_size"])
             self.cuda_shm[a["name"]] = region
+        elif method == "trace_settings":
+            scope = specified(self.trace.get(a["model"], {}), a["changes"] or {})
+            if scope:
+                self.trace[a["model"]] = scope  # a new dict: copies share the old ones
+            else:
+                self.trace.pop(a["model"], None)
         elif method in ("shm_unregister", "cuda_shm_unregister"):
             regions: dict[str, Any] = self.shm if method == "shm_unregister" else self.cuda_shm
             if a["name"]:
@@ -132,6 +146,8 @@ class Held:
 
     def observe(self, method: str, args: list[Any], kwargs: dict[str, Any]) -> None:
         """A front end's call succeeded here (the channel server's observer)."""
+        if method == "trace_settings" and not _bound(method, args, kwargs).get("changes"):
+            return  # a read
         if method in CHANGES:
             self.desired.record(method, args, kwargs)
             self._report(method, args, kwargs)
@@ -177,6 +193,15 @@ async def restore(
         except InfermuxError as exc:
             _drop("system", name, exc)
             dropped.append(("shm_unregister", name))
+    for scope in sorted(have.trace.keys() | want.trace.keys()):  # "" (global) first
+        before, after = have.trace.get(scope, {}), want.trace.get(scope, {})
+        if before == after:
+            continue
+        changes = {**dict.fromkeys(before), **after}
+        try:
+            await plane.trace_settings(scope, changes)
+        except InfermuxError as exc:  # a model this executor does not host
+            logger.info("trace settings of '%s' not restored (%s)", scope, exc)
     for name, cuda in want.cuda_shm.items():
         if have.cuda_shm.get(name) == cuda:
             continue

@@ -242,6 +242,11 @@ class RayDataPlane:
         # The ingress process's own logging; replicas log as their deployment started them.
         return dict(update_log_settings(changes) if changes else log_settings())
 
+    async def trace_settings(
+        self, model: str = "", changes: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        raise _not_in_ray("trace settings")
+
 
 def _not_in_ray(what: str) -> UnsupportedError:
     return UnsupportedError(

@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from infermux.backends import stacking
@@ -41,6 +41,8 @@ class LoadedModel:
     stacks_inputs: bool = False
     """Its backend runs one kernel over the stacked batch (so requests sent stacked together
     are, to it, the same as requests it stacked itself)."""
+    labels: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    """Output name -> its ``label_filename``'s lines (classification, Triton's extension)."""
 
     @property
     def name(self) -> str:
@@ -65,6 +67,7 @@ async def build_version(
     ``server``: what the instances call the server through (BLS; None: they cannot)."""
     backend = registry.get(config)
     timeout_ms = execution_timeout(config, execution_timeout_ms)
+    labels = await asyncio.to_thread(read_labels, config, path)
     mine = placements(config, shard)
     makers = instance_makers(backend.load, config, path, version, mine, server=server)
     instances = await asyncio.to_thread(_create_instances, makers)
@@ -90,8 +93,29 @@ async def build_version(
     )
     device_inputs = bool(getattr(backend, "accepts_device_inputs", False))
     return LoadedModel(
-        config, version, scheduler, stats, device_inputs, instances, backend.stacks_inputs
+        config, version, scheduler, stats, device_inputs, instances, backend.stacks_inputs, labels
     )
+
+
+def read_labels(config: ModelConfig, model_dir: Path) -> dict[str, tuple[str, ...]]:
+    """Each output's labels, one per line of its ``label_filename`` (in the model directory).
+    Raises ModelLoadError naming the field when a file cannot be read, as Triton fails such a
+    load."""
+    labels: dict[str, tuple[str, ...]] = {}
+    for output in config.proto.output:
+        if not output.label_filename:
+            continue
+        field_name = f"output '{output.name}' label_filename"
+        where = f"model '{config.name}'"
+        path = model_path_of(model_dir, model_dir, output.label_filename, field_name, where=where)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ModelLoadError(
+                f"{where}: {field_name} {output.label_filename!r} cannot be read: {exc}"
+            ) from None
+        labels[output.name] = tuple(text.splitlines())
+    return labels
 
 
 def check_config_paths(config: ModelConfig, path: Path, versions: Sequence[int]) -> None:

@@ -60,4 +60,5 @@ RESULT: dict[str, Callable[[Any], Any]] = {
     "shm_status": _as(list[SharedMemoryRegion]),
     "cuda_shm_status": _as(list[CudaSharedMemoryRegion]),
     "log_settings": dict,
+    "trace_settings": dict,
 }

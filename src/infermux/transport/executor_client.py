@@ -401,6 +401,7 @@ class RemoteExecutor:
     rollback = forwarded(Operations.rollback)
     shm_unregister = forwarded(Operations.shm_unregister)
     log_settings = forwarded(Operations.log_settings)
+    trace_settings = forwarded(Operations.trace_settings)
     shm_status = forwarded(Operations.shm_status)
     cuda_shm_register = forwarded(Operations.cuda_shm_register)
     cuda_shm_unregister = forwarded(Operations.cuda_shm_unregister)

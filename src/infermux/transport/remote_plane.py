@@ -13,7 +13,8 @@ instances of its own devices, so a model may be hosted by one executor or by sev
 - **statistics** and the **repository index** are merged over every executor (counts and
   durations summed per model version, the most-ready state of each version);
 - **load / unload**, **traffic policy** changes and **shared-memory registration** go to every
-  executor (each one decides what it hosts; each maps the client's regions itself);
+  executor (each one decides what it hosts; each maps the client's regions itself), and so do
+  **trace settings** (a model's to its hosts), since spans are made in the executors;
 - **readiness** needs every executor attached and ready, each answering within the readiness
   bound (``--executor-ready-timeout-ms``);
 - **cancellation** follows the request: the executor it was sent to is told
@@ -32,6 +33,7 @@ from infermux.errors import ErrorCode, FailureReason, InfermuxError, Unavailable
 from infermux.ipc import ChannelSpec
 from infermux.model_config import ModelConfig
 from infermux.observability.logs import checked_log_changes, log_settings, update_log_settings
+from infermux.observability.trace_settings import checked_trace_changes
 from infermux.routing.router import TrafficReport
 from infermux.types import (
     BatchStats,
@@ -340,6 +342,22 @@ class RemoteDataPlane:
             await _gather(self._attached(), lambda e: e.log_settings(changes))
             update_log_settings(changes)
         return dict(log_settings())
+
+    async def trace_settings(
+        self, model: str = "", changes: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Spans are made in the executors, so the settings are theirs: a change is checked
+        here first (a refused one changes nothing anywhere), then made in every executor, a
+        model's in those that host it (each samples and counts its own requests); the answer
+        is the first one's. A restarted executor gets them back (``processes/desired.py``)."""
+        if changes:
+            checked_trace_changes(changes)
+        hosts = await self._hosts_of(model) if model else self._attached()
+        executors = hosts or [self._fallback()]
+        if not changes:
+            executors = executors[:1]
+        answers = await _gather(executors, lambda e: e.trace_settings(model, changes))
+        return answers[0]
 
 
 async def _gather(

@@ -55,6 +55,16 @@ async def binary_tensor_data(http: httpx.AsyncClient) -> None:
     assert np.frombuffer(reply.content[length:], "<f4").tolist() == [1.5, 2.5]
 
 
+async def classification(http: httpx.AsyncClient) -> None:
+    body = {
+        "inputs": [tensor([0.5, 2.0, 1.0])],
+        "outputs": [{"name": "OUTPUT0", "parameters": {"classification": 2}}],
+    }
+    reply = await http.post(INFER, json=body)
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["outputs"][0]["data"] == ["2.000000:1", "1.000000:2"]
+
+
 async def model_configuration(http: httpx.AsyncClient) -> None:
     reply = await http.get("/v2/models/ident/config")
     assert reply.status_code == 200
@@ -120,10 +130,22 @@ async def logging(http: httpx.AsyncClient) -> None:
         await http.post("/v2/logging", json={"log_verbose_level": before["log_verbose_level"]})
 
 
+async def trace(http: httpx.AsyncClient) -> None:
+    assert (await http.get("/v2/trace/setting")).json()["trace_level"] == ["OFF"]
+    try:
+        changed = await http.post("/v2/models/ident/trace/setting", json={"trace_rate": "3"})
+        assert changed.status_code == 200, changed.text
+        assert (await http.get("/v2/models/ident/trace/setting")).json()["trace_rate"] == "3"
+        assert (await http.get("/v2/trace/setting")).json()["trace_rate"] == "1000"
+    finally:  # the settings are the process's: leave them as they were
+        await http.post("/v2/models/ident/trace/setting", json={"trace_rate": None})
+
+
 PROBES: dict[str, Probe] = {
     probe.__name__: probe
     for probe in (
         binary_tensor_data,
+        classification,
         model_configuration,
         model_repository,
         parameters,
@@ -132,6 +154,7 @@ PROBES: dict[str, Probe] = {
         system_shared_memory,
         cuda_shared_memory,
         logging,
+        trace,
     )
 }
 

@@ -13,7 +13,7 @@ import httpx
 import numpy as np
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from tritonclient.grpc import InferInput
 from tritonclient.grpc.aio import InferenceServerClient
@@ -187,9 +187,10 @@ async def test_rate_traces_one_request_in_n(
 def test_sampling_decisions() -> None:
     TRACING.use(TracerProvider(), rate=2)
     try:
-        assert [TRACING.sampled({}) for _ in range(4)] == [False, True, False, True]
-        assert TRACING.sampled({"traceparent": traceparent()})
-        assert not TRACING.sampled({"traceparent": traceparent(sampled=False)})
+        picks = [TRACING.sampled("m", {}) is not None for _ in range(4)]
+        assert picks == [False, True, False, True]
+        assert TRACING.sampled("m", {"traceparent": traceparent()})
+        assert not TRACING.sampled("m", {"traceparent": traceparent(sampled=False)})
         assert TRACING.current() is None  # outside any request span
     finally:
         TRACING.shutdown()
@@ -220,3 +221,110 @@ def test_start_exports_over_otlp() -> None:
     finally:
         TRACING.shutdown()
     assert TRACING.tracer is None
+
+
+@pytest.fixture
+async def two_models(tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
+    for name in ("a", "b"):
+        write_model(tmp_path, name)
+    repository = ModelRepository(
+        [tmp_path], BackendRegistry(), control_mode=ControlMode.EXPLICIT, startup_models=["*"]
+    )
+    await repository.start()
+    transport = httpx.ASGITransport(app=HttpApp(DataPlane(repository, version="test")))
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        yield client
+    await repository.close()
+
+
+async def traced_models(http: httpx.AsyncClient, exporter: InMemorySpanExporter) -> list[str]:
+    exporter.clear()
+    for model in ("a", "b", "a", "b", "a", "b", "a", "b"):
+        assert (await http.post(f"/v2/models/{model}/infer", json=BODY)).is_success
+    spans = by_name(exporter.get_finished_spans(), "infer")
+    return [str((s.attributes or {})["infermux.model.name"]) for s in spans]
+
+
+async def test_trace_settings_change_which_requests_make_spans(
+    exporter: InMemorySpanExporter, two_models: httpx.AsyncClient
+) -> None:
+    http = two_models
+    assert await traced_models(http, exporter) == []  # rate 1000
+    reply = await http.post("/v2/trace/setting", json={"trace_rate": "2"})
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["trace_rate"] == "2"
+    assert await traced_models(http, exporter) == ["b", "b", "b", "b"]  # every 2nd request
+    # Model a: every request; b keeps the global rate, counted over its own requests now.
+    reply = await http.post("/v2/models/a/trace/setting", json={"trace_rate": "1"})
+    assert reply.json()["trace_rate"] == "1"
+    assert sorted(await traced_models(http, exporter)) == ["a"] * 4 + ["b"] * 2
+    # The global level off: b is not traced; a, which did not set its level, neither.
+    await http.post("/v2/trace/setting", json={"trace_level": ["OFF"]})
+    assert await traced_models(http, exporter) == []
+    assert TRACING.tracer is None  # nothing traces: the untraced fast path again
+    await http.post("/v2/models/a/trace/setting", json={"trace_level": ["TIMESTAMPS"]})
+    assert await traced_models(http, exporter) == ["a"] * 4
+    # Back to the global settings; a count of 1.
+    await http.post("/v2/models/a/trace/setting", json={"trace_level": None, "trace_rate": None})
+    assert (await http.get("/v2/models/a/trace/setting")).json()["trace_level"] == ["OFF"]
+    body = {"trace_level": ["TIMESTAMPS"], "trace_rate": "1", "trace_count": "1"}
+    assert (await http.post("/v2/trace/setting", json=body)).json()["trace_count"] == "1"
+    assert await traced_models(http, exporter) == ["a"]
+    assert (await http.get("/v2/trace/setting")).json()["trace_count"] == "0"
+
+
+async def test_trace_setting_refusals(
+    exporter: InMemorySpanExporter, two_models: httpx.AsyncClient
+) -> None:
+    http = two_models
+    reply = await http.get("/v2/models/nobody/trace/setting")
+    assert reply.status_code == 400
+    assert reply.json() == {"error": "Request for unknown model : nobody"}
+    reply = await http.post("/v2/trace/setting", json={"trace_file": "x.json"})
+    assert reply.status_code == 501
+    assert "trace file location can not be updated" in reply.json()["error"]
+    reply = await http.post("/v2/models/a/trace/setting", json={"trace_level": ["TENSORS"]})
+    assert reply.status_code == 501
+    assert "TENSORS" in reply.json()["error"]
+    reply = await http.post("/v2/trace/setting", json={"trace_rate": "2", "trace_count": "x"})
+    assert reply.status_code == 400
+    assert (await http.get("/v2/trace/setting")).json()["trace_rate"] == "1000"  # unchanged
+    assert (await http.put("/v2/trace/setting")).status_code == 405
+
+
+async def test_log_frequency_hands_spans_to_the_exporter_at_once(
+    two_models: httpx.AsyncClient,
+) -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    # An exporter schedule far longer than the test: spans arrive only when flushed.
+    provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=600_000))
+    TRACING.use(provider, rate=1)
+    try:
+        assert (await two_models.post("/v2/models/a/infer", json=BODY)).is_success
+        await asyncio.sleep(0.2)
+        assert exporter.get_finished_spans() == ()
+        await two_models.post("/v2/trace/setting", json={"log_frequency": "1"})
+        assert (await two_models.post("/v2/models/a/infer", json=BODY)).is_success
+        for _ in range(100):
+            if len(by_name(exporter.get_finished_spans(), "infer")) == 2:
+                break
+            await asyncio.sleep(0.05)
+        assert len(by_name(exporter.get_finished_spans(), "infer")) == 2
+    finally:
+        TRACING.shutdown()
+
+
+async def test_turning_tracing_on_at_run_time_makes_the_exporter(
+    two_models: httpx.AsyncClient,
+) -> None:
+    TRACING.start(TraceSettings(url="http://127.0.0.1:9/v1/traces"))  # level OFF
+    try:
+        assert TRACING.tracer is None
+        reply = await two_models.post("/v2/trace/setting", json={"trace_level": ["TIMESTAMPS"]})
+        assert reply.json()["trace_level"] == ["TIMESTAMPS"]
+        assert reply.json()["url"] == "http://127.0.0.1:9/v1/traces"
+        tracer: Any = TRACING.tracer  # (mypy narrowed it to None above)
+        assert tracer is not None
+    finally:
+        TRACING.shutdown()

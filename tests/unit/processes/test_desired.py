@@ -160,3 +160,53 @@ async def test_without_changes_the_startup_set_loads_as_the_command_line_says(
     finally:
         await repository.close()
         plane.close()
+
+
+def test_trace_settings_are_recorded_by_scope_and_reads_are_not_reported() -> None:
+    desired = Desired()
+    desired.record("trace_settings", ["", {"trace_rate": "5"}], {})
+    desired.record("trace_settings", [], {"model": "m", "changes": {"trace_level": ["OFF"]}})
+    desired.record("trace_settings", ["", {"trace_rate": "5"}], {})  # every executor reports it
+    assert desired.trace == {"": {"trace_rate": "5"}, "m": {"trace_level": ["OFF"]}}
+    copy = desired.copy()
+    copy.record("trace_settings", ["m", {"trace_level": None}], {})  # nothing left: global
+    assert "m" not in copy.trace
+    assert desired.trace["m"] == {"trace_level": ["OFF"]}
+    wire = msgspec.msgpack.decode(msgspec.msgpack.encode(desired), type=Desired)
+    assert wire == desired
+
+    reported: list[str] = []
+    held = Held(None, None, lambda method, args, kwargs: reported.append(method))  # type: ignore[arg-type]
+    held.observe("trace_settings", ["m"], {})
+    held.observe("trace_settings", ["m", None], {})
+    assert reported == []
+    held.observe("trace_settings", ["m", {"trace_rate": "2"}], {})
+    assert reported == ["trace_settings"]
+    assert held.desired.trace == {"m": {"trace_rate": "2"}}
+
+
+async def test_a_replay_restores_trace_settings(tmp_path: Path) -> None:
+    write_model(tmp_path, "m")
+    settings = ServerSettings(model_repositories=(tmp_path,))
+    repository = build_repository(settings)
+    plane = build_dataplane(settings, repository)
+    held = Held(plane, repository, lambda method, args, kwargs: None)
+    want = Desired()
+    want.record("trace_settings", ["", {"trace_rate": "5"}], {})
+    want.record("trace_settings", ["m", {"trace_count": "3"}], {})
+    want.record("trace_settings", ["gone", {"trace_count": "3"}], {})  # not here: skipped
+    try:
+        await repository.start()
+        await held.restore(want)
+        assert (await plane.trace_settings())["trace_rate"] == "5"
+        assert (await plane.trace_settings("m"))["trace_count"] == "3"
+        later = held.desired.copy()
+        later.record("trace_settings", ["", {"trace_rate": None}], {})
+        await held.restore(later)
+        assert (await plane.trace_settings())["trace_rate"] == "1000"
+        assert (await plane.trace_settings("m"))["trace_count"] == "3"
+    finally:
+        await plane.trace_settings("m", {"trace_count": None})
+        await plane.trace_settings("", {"trace_rate": None})
+        await repository.close()
+        plane.close()

@@ -112,6 +112,10 @@ async def test_every_call_round_trips_and_answers_as_the_plane_behind_it(planes:
             "cuda_shm_status": ((), None),
             "cuda_shm_unregister": (("c",), None),
             "log_settings": (({"log_info": True},), None),  # one process: the same settings
+            "trace_settings": (
+                ("m", {"trace_rate": "7"}),
+                lambda: planes.local.trace_settings("m"),
+            ),
         }
         assert set(cases) == CALLS  # a new operation needs a case here
         for name, (args, after) in cases.items():
@@ -132,6 +136,13 @@ async def test_every_call_round_trips_and_answers_as_the_plane_behind_it(planes:
                     assert [r.name for r in seen] == ["r"]
                 elif name == "shm_unregister":
                     assert seen == []
+                elif name == "trace_settings":
+                    assert seen["trace_rate"] == "7"
+        for refused in (("nobody", {}), ("", {"trace_file": "x"}), ("", {"trace_rate": "x"})):
+            remote = await outcome(bound(planes.remote, "trace_settings", refused))
+            assert remote == await outcome(bound(planes.local, "trace_settings", refused))
+            assert remote[0] == "error", refused
     finally:
+        await planes.local.trace_settings("m", {"trace_rate": None})
         segment.close()
         segment.unlink()

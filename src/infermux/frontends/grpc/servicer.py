@@ -17,7 +17,7 @@ import grpc  # type: ignore[import-untyped,unused-ignore]  # grpcio ships no typ
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from infermux.dataplane import Operations
-from infermux.errors import ErrorCode, InfermuxError, InvalidArgumentError, UnsupportedError
+from infermux.errors import ErrorCode, InfermuxError, InvalidArgumentError
 from infermux.frontends.grpc import codec
 from infermux.frontends.grpc.handlers import Malformed
 from infermux.frontends.model_first import unknown_model_first
@@ -85,10 +85,6 @@ def _malformed(method: str, peer: str, request: Malformed) -> None:
     _client_faults.report(
         "malformed", "malformed gRPC %s request from %s: %s", method, peer, request.reason
     )
-
-
-def _not_supported(what: str) -> NoReturn:
-    raise UnsupportedError(f"{what} is not supported by infermux yet")
 
 
 # The generated base class is typed Any (hence the ignore); it answers UNIMPLEMENTED for any RPC
@@ -316,7 +312,13 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
 
     @_unary
     async def TraceSetting(self, request: Message, context: Context) -> Message:
-        _not_supported("trace settings")
+        # An empty list is how a client clears a setting (tritonclient sends None so).
+        changes = {key: list(entry.value) or None for key, entry in request.settings.items()}
+        settings = await self._dp.trace_settings(request.model_name, changes)
+        response = service_pb2.TraceSettingResponse()
+        for key, value in settings.items():
+            response.settings[key].value.extend(value if isinstance(value, list) else [value])
+        return response
 
     @_unary
     async def LogSettings(self, request: Message, context: Context) -> Message:

@@ -94,6 +94,11 @@ class HttpApp:
             (re.compile(r"^/v2/repository(?:/[^/]+)?/index$"), self._repository_index, inference),
             (re.compile(r"^/v2/logging$"), self._logging, _always(Kind.ADMIN)),
             (
+                re.compile(r"^/v2(?:/models/([^/]+)(?:/versions/[0-9]+)?)?/trace/setting$"),
+                self._trace,
+                _always(Kind.ADMIN),
+            ),
+            (
                 re.compile(r"^/v2/repository(?:/[^/]+)?/models/([^/]+)/(load|unload)$"),
                 self._repository_control,
                 _always(Kind.ADMIN),
@@ -249,6 +254,15 @@ class HttpApp:
             return Reply.json(await self._dp.log_settings())
         request.allow("POST")
         return Reply.json(await self._dp.log_settings(await request.json_object()))
+
+    # -- trace extension --------------------------------------------------------------------------
+
+    async def _trace(self, request: Request, match: re.Match[str]) -> Reply:
+        model = match.group(1) or ""  # a version in the path is Triton's, and ignored as there
+        if request.method == "GET":
+            return Reply.json(await self._dp.trace_settings(model))
+        request.allow("POST")
+        return Reply.json(await self._dp.trace_settings(model, await request.json_object()))
 
     # -- model repository extension ---------------------------------------------------------------
 

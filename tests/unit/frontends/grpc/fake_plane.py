@@ -11,7 +11,13 @@ import asyncio
 from collections.abc import Mapping
 from typing import Any
 
-from infermux.errors import ErrorCode, InfermuxError, InvalidArgumentError, NotFoundError
+from infermux.errors import (
+    ErrorCode,
+    InfermuxError,
+    InvalidArgumentError,
+    NotFoundError,
+    UnsupportedError,
+)
 from infermux.model_config import ModelConfig, pb
 from infermux.routing.router import TrafficReport
 from infermux.types import (
@@ -45,6 +51,7 @@ class FakePlane:
         self.load_files: list[dict[str, bytes] | None] = []
         self.unloads: list[str] = []
         self.logging: dict[str, Any] = {"log_info": True, "log_verbose_level": 0}
+        self.traced: list[tuple[str, dict[str, Any]]] = []
 
     def live(self) -> bool:
         return True
@@ -197,3 +204,15 @@ class FakePlane:
             raise InvalidArgumentError("unknown log setting 'log_colour'")
         self.logging.update({k: v for k, v in (changes or {}).items() if v is not None})
         return dict(self.logging)
+
+    async def trace_settings(
+        self, model: str = "", changes: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        if model and model not in MODELS:
+            raise InvalidArgumentError(f"Request for unknown model : {model}")
+        if changes and "trace_file" in changes:
+            raise UnsupportedError("trace file location can not be updated")
+        if changes:
+            self.traced.append((model, changes))
+        level = ["TIMESTAMPS"] if changes and changes.get("trace_level") else ["OFF"]
+        return {"trace_level": level, "trace_rate": "1000", "trace_mode": "opentelemetry"}

@@ -10,7 +10,7 @@ import asyncio
 import base64
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc  # type: ignore[import-untyped,unused-ignore]  # grpcio ships no type information
@@ -205,12 +205,23 @@ async def test_system_shared_memory(client: Any, plane: FakePlane) -> None:
     assert plane.regions == {}
 
 
-async def test_unsupported_rpcs_say_so(client: Any) -> None:
-    calls: list[tuple[str, Callable[[], Awaitable[Any]]]] = [
-        ("trace settings", client.get_trace_settings),
+async def test_trace_settings_travel_as_lists_of_strings(client: Any, plane: FakePlane) -> None:
+    got = await client.get_trace_settings(as_json=True)
+    assert got["settings"]["trace_rate"] == {"value": ["1000"]}
+    assert got["settings"]["trace_level"] == {"value": ["OFF"]}
+    changes = {"trace_rate": "5", "trace_level": ["TIMESTAMPS"], "trace_count": None}
+    got = await client.update_trace_settings("echo", changes, as_json=True)
+    # One string is sent as a list of one; None, as an empty list, clears the setting.
+    assert plane.traced == [
+        ("echo", {"trace_rate": ["5"], "trace_level": ["TIMESTAMPS"], "trace_count": None})
     ]
-    for what, call in calls:
-        await expect_status(call(), "UNIMPLEMENTED", f"{what} is not supported by infermux yet")
+    assert got["settings"]["trace_level"] == {"value": ["TIMESTAMPS"]}
+    await expect_status(
+        client.update_trace_settings(settings={"trace_file": "t"}), "UNIMPLEMENTED", "trace file"
+    )
+    await expect_status(
+        client.get_trace_settings("nobody"), "INVALID_ARGUMENT", "Request for unknown model"
+    )
 
 
 async def test_load_config_must_be_a_string(client: Any) -> None:
