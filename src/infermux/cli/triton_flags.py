@@ -163,7 +163,7 @@ FOREIGN: tuple[Foreign, ...] = (
     Foreign("--trace-file", "FILE", _text, "traces go to OpenTelemetry (--trace-config)"),
     Foreign("--trace-level", "LEVEL", _text, "use --trace-config level=..."),
     Foreign("--trace-rate", "N", non_negative_int, "use --trace-config rate=..."),
-    Foreign("--trace-count", "N", int, "traces are not counted: use --trace-config"),
+    Foreign("--trace-count", "N", int, "set trace_count at run time: POST /v2/trace/setting"),
     Foreign("--trace-log-frequency", "N", non_negative_int, "traces go to OpenTelemetry"),
     # Caches, rate limiter, memory and devices
     Foreign("--response-cache-byte-size", "BYTES", non_negative_int,
