@@ -57,6 +57,7 @@ from .micro_batches import (
     stacked_request,
     ungroupable,
 )
+from .outcomes import failed, succeeded
 from .shared_memory import SharedMemoryRegistry
 
 logger = logging.getLogger(__name__)
@@ -226,18 +227,18 @@ class DataPlane:
                 outputs = self._shm.unstaged(outputs)
         except InfermuxError as exc:
             for _ in members or (0,):
-                self._failed(model, request, started, exc.reason, exc)
+                failed(model, request, started, exc.reason, exc)
             raise
         except asyncio.CancelledError:  # the client went away (or the server is stopping)
             for _ in members or (0,):
-                self._failed(model, request, started, FailureReason.CANCELED, None)
+                failed(model, request, started, FailureReason.CANCELED, None)
             raise
         finally:
             # The request's batch is over (a cancelled one waited for it in the scheduler).
             if staged:
                 self._shm.release(staged)
         rows = members or (model_request.batch_size if model.config.batching else 1,)
-        self._succeeded(model, request, started, done, rows)
+        succeeded(model, request, started, done, rows, log=self._log_requests)
         return InferResponse(
             model_name=model.name,
             model_version=str(model.version),
@@ -276,61 +277,6 @@ class DataPlane:
         done = await scheduler.submit(model_request)
         self._shadows.start(route.shadow, copy, done.outputs, time.perf_counter_ns() - submitted)
         return done
-
-    def _succeeded(
-        self,
-        model: LoadedModel,
-        request: InferRequest,
-        started: int,
-        done: Completion,
-        rows: Sequence[int],
-    ) -> None:
-        """Statistics for each request answered (one, or each of a micro-batch's)."""
-        elapsed = time.perf_counter_ns() - started
-        for count in rows:
-            model.stats.record_success(
-                batch_size=count,
-                request_ns=elapsed,
-                queue_ns=done.queue_ns,
-                input_ns=done.compute_input_ns,
-                infer_ns=done.compute_infer_ns,
-                output_ns=done.compute_output_ns,
-            )
-        if self._log_requests:
-            logger.debug(
-                "request %r to %s:%d done in %d us",
-                request.id,
-                model.name,
-                model.version,
-                elapsed // 1000,
-                extra={"request_id": request.id, "model": model.name, "version": model.version},
-            )
-
-    def _failed(
-        self,
-        model: LoadedModel,
-        request: InferRequest,
-        started: int,
-        reason: FailureReason,
-        error: InfermuxError | None,
-    ) -> None:
-        model.stats.record_failure(time.perf_counter_ns() - started, reason)
-        if not logger.isEnabledFor(logging.DEBUG):
-            return
-        logger.debug(
-            "request %r to %s:%d failed (%s): %s",
-            request.id,
-            model.name,
-            model.version,
-            reason.value,
-            error if error is not None else "cancelled",
-            extra={
-                "request_id": request.id,
-                "model": model.name,
-                "version": model.version,
-                "reason": reason.value,
-            },
-        )
 
     def _place_outputs(self, request: InferRequest, outputs: list[Tensor]) -> list[Tensor]:
         wanted = {o.name: o.parameters for o in request.outputs if uses_shared_memory(o.parameters)}

@@ -55,7 +55,11 @@ def list_versions(model_dir: Path) -> list[int]:
     return sorted(versions)
 
 
-def fingerprint(model_dir: Path) -> tuple[tuple[str, int, int], ...]:
+Fingerprint = tuple[tuple[str, int, int], ...]
+"""(relative path, size, mtime_ns) of every file of a model: what polling compares."""
+
+
+def fingerprint(model_dir: Path) -> Fingerprint:
     """A cheap change detector for polling: (relative path, size, mtime_ns) of every file."""
     rows = []
     try:

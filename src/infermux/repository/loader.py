@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import gc
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -218,3 +219,24 @@ def _create_instances(makers: Sequence[Callable[[], BackendInstance]]) -> list[B
             instance.close()
         raise
     return instances
+
+
+async def retire(models: list[LoadedModel]) -> None:
+    """Close ``models`` (emptying the list: the repository's last references to them) and
+    collect the garbage they leave. A model's objects often sit in reference cycles (a
+    module's classes and functions, torch modules, a model keeping itself in a callback),
+    which refcounting alone never frees: without a collection here an unloaded model's
+    memory waits for the next automatic one, which allocation-light serving may not trigger
+    for a long time. What a model keeps reachable itself (module globals, caches in the
+    libraries it used) stays: see docs/reliability.md."""
+    if not models:
+        return
+    await asyncio.gather(*(m.scheduler.close() for m in models))
+    names = [(m.name, m.version) for m in models]
+    models.clear()
+    # Off the loop: gc holds the GIL, but finalizers that free device memory or close files
+    # release it, and the loop then keeps serving.
+    found = await asyncio.to_thread(gc.collect)
+    for name, version in names:
+        logger.info("unloaded model '%s' version %d", name, version)
+    logger.debug("garbage collection after unloading: %d unreachable objects", found)

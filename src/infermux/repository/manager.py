@@ -8,7 +8,6 @@ before their instances are closed.
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import time
 from collections.abc import Collection, Mapping, Sequence
@@ -27,10 +26,11 @@ from infermux.errors import (
 )
 from infermux.model_config import ModelConfig
 from infermux.repository.config_file import load_model_config
-from infermux.repository.layout import discover_models, fingerprint, list_versions
-from infermux.repository.loader import LoadedModel, build_version, check_config_paths
+from infermux.repository.layout import Fingerprint, discover_models, fingerprint, list_versions
+from infermux.repository.loader import LoadedModel, build_version, check_config_paths, retire
 from infermux.repository.overrides import discard, materialize
 from infermux.repository.placement import ONLY, Shard, placements
+from infermux.repository.polling import poll_forever, poll_once
 from infermux.repository.state import ControlMode, Entry, LoadObserver, Quiet, State
 from infermux.routing.policy import CONFIG_PARAMETER as TRAFFIC_PARAMETER
 from infermux.routing.policy import parse_policy
@@ -108,7 +108,9 @@ class ModelRepository:
                 f"--exit-on-error: failed to load {', '.join(failed)} (see the log above)"
             )
         if self._mode is ControlMode.POLL:
-            self._poller = asyncio.get_running_loop().create_task(self._poll_forever())
+            self._poller = asyncio.get_running_loop().create_task(
+                poll_forever(self, self._repositories, self._poll_seconds)
+            )
 
     async def _load_at_startup(self, name: str) -> str:
         """``name`` when it failed to load (reported in the log and the index), else ""."""
@@ -290,37 +292,22 @@ class ModelRepository:
 
     async def poll_once(self) -> None:
         """Poll mode: load new models, reload changed ones, unload removed ones."""
-        sources = discover_models(self._repositories)
-        for name in [n for n in self._entries if n not in sources]:
-            logger.info("model '%s' was removed from the repository: unloading", name)
-            await self._unload(name)
-            del self._entries[name]
-        for name, source in sources.items():
-            entry = self._entries.get(name)
-            current = await asyncio.to_thread(fingerprint, source.path)
-            if entry is None or entry.fingerprint != current:
-                logger.info("model '%s' is new or changed: loading", name)
-                try:
-                    await self.load(name)
-                except InfermuxError as exc:
-                    logger.error("reloading model '%s' failed: %s", name, exc)
+        await poll_once(self)
+
+    @property
+    def repositories(self) -> list[Path]:
+        return list(self._repositories)
+
+    def fingerprints(self) -> dict[str, Fingerprint]:
+        """Every known model and the fingerprint of the files it was last loaded from."""
+        return {name: entry.fingerprint for name, entry in self._entries.items()}
+
+    async def forget(self, name: str) -> None:
+        """Unload ``name`` and drop it from what is known (removed from the repositories)."""
+        await self._unload(name)
+        del self._entries[name]
 
     # -- internals --------------------------------------------------------------------------------
-
-    async def _poll_forever(self) -> None:
-        """Poll mode: act on the repositories' changes once they have been quiet for the poll
-        interval (a model being copied in is not loaded half-written), through watchfiles
-        (inotify on Linux; it polls the filesystem itself where there are no events)."""
-        from watchfiles import awatch
-
-        quiet_ms = max(1, int(self._poll_seconds * 1000))
-        async for _ in awatch(
-            *self._repositories, step=quiet_ms, debounce=max(4 * quiet_ms, 1600), recursive=True
-        ):
-            try:
-                await self.poll_once()  # compares fingerprints: only real model changes reload
-            except Exception:
-                logger.exception("polling the model repository failed")
 
     async def _load_locked(
         self,
@@ -390,7 +377,7 @@ class ModelRepository:
         if not entry.hosted:  # every instance belongs to another executor
             logger.info("model '%s': hosted by other executors", name)
             dropped, entry.serving, entry.states, entry.model_error = entry.serving, {}, {}, ""
-            await self._retire(list(dropped.values()))
+            await retire(list(dropped.values()))
             return False, False
 
         for version in versions:
@@ -422,7 +409,7 @@ class ModelRepository:
         entry.serving = fresh  # the atomic switch: new requests see only the fresh versions
         for version in [v for v in entry.states if v not in fresh and v not in versions]:
             del entry.states[version]
-        await self._retire(retired)
+        await retire(retired)
         return carried > 0, loaded
 
     async def _load_version(
@@ -469,29 +456,9 @@ class ModelRepository:
             for version in entry.serving:
                 entry.states[version] = (State.UNLOADING, "")
             entry.serving = {}
-            await self._retire(retired)
+            await retire(retired)
             for version in list(entry.states):
                 entry.states[version] = (State.UNAVAILABLE, "unloaded")
             for directory in entry.overrides:
                 discard(directory)
             entry.overrides = []
-
-    async def _retire(self, models: list[LoadedModel]) -> None:
-        """Close ``models`` (emptying the list: the repository's last references to them) and
-        collect the garbage they leave. A model's objects often sit in reference cycles (a
-        module's classes and functions, torch modules, a model keeping itself in a callback),
-        which refcounting alone never frees: without a collection here an unloaded model's
-        memory waits for the next automatic one, which allocation-light serving may not trigger
-        for a long time. What a model keeps reachable itself (module globals, caches in the
-        libraries it used) stays: see docs/reliability.md."""
-        if not models:
-            return
-        await asyncio.gather(*(m.scheduler.close() for m in models))
-        names = [(m.name, m.version) for m in models]
-        models.clear()
-        # Off the loop: gc holds the GIL, but finalizers that free device memory or close files
-        # release it, and the loop then keeps serving.
-        found = await asyncio.to_thread(gc.collect)
-        for name, version in names:
-            logger.info("unloaded model '%s' version %d", name, version)
-        logger.debug("garbage collection after unloading: %d unreachable objects", found)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from infermux.repository.layout import ModelSource
+from infermux.repository.layout import Fingerprint, ModelSource
 from infermux.repository.loader import LoadedModel
 
 
@@ -41,7 +41,7 @@ class Entry:
     requested: bool = False  # should be loaded; drives strict readiness
     hosted: bool = True  # False: its instances all belong to other executors (placement.py)
     load_failures: int = 0  # loads that failed (the model or any of its versions), for metrics
-    fingerprint: tuple[tuple[str, int, int], ...] = ()
+    fingerprint: Fingerprint = ()
     overrides: list[Path] = field(default_factory=list)
     """Directories made of load requests' files that served versions were loaded from (the
     newest last); removed once no served version can read them."""
