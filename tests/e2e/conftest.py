@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e.otlp import Collector
 from tests.support import (
     PICKY_MODEL,
     SLOW_MODEL,
@@ -44,3 +45,13 @@ def test_server(test_repository: Path) -> Iterator[ServerProcess]:
     ) as server:
         yield server
         assert server.stop() == 0
+
+
+@pytest.fixture
+def collector() -> Iterator[Collector]:
+    """An OTLP/HTTP receiver that servers started with its url export their spans to."""
+    collector = Collector()
+    collector.thread.start()
+    yield collector
+    collector.server.shutdown()
+    collector.server.server_close()

@@ -9,21 +9,18 @@ from __future__ import annotations
 
 import json
 import socket
-import threading
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
+from tests.e2e.otlp import Collector
 from tests.support import PICKY_MODEL, ServerProcess, start_server, write_model
 
 pytestmark = pytest.mark.e2e
@@ -121,50 +118,6 @@ def test_allow_metrics_false_serves_no_metrics(repository: Path) -> None:
         client = httpclient.InferenceServerClient(server.url)
         client.infer("picky", [http_input([1.0])])  # serving is unaffected
         client.close()
-
-
-class Collector:
-    """An OTLP/HTTP trace receiver: what an OpenTelemetry collector would get."""
-
-    def __init__(self) -> None:
-        self.requests: list[ExportTraceServiceRequest] = []
-        received = self.requests
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers["content-length"]))
-                message = ExportTraceServiceRequest()
-                message.ParseFromString(body)
-                received.append(message)
-                self.send_response(200)
-                self.send_header("content-type", "application/x-protobuf")
-                self.send_header("content-length", "0")
-                self.end_headers()
-
-            def log_message(self, format: str, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1/traces"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    def spans(self) -> list[object]:
-        return [
-            span
-            for request in self.requests
-            for resource in request.resource_spans
-            for scope in resource.scope_spans
-            for span in scope.spans
-        ]
-
-
-@pytest.fixture
-def collector() -> Iterator[Collector]:
-    collector = Collector()
-    collector.thread.start()
-    yield collector
-    collector.server.shutdown()
-    collector.server.server_close()
 
 
 def test_traces_cross_from_a_front_end_process_to_the_executor(

@@ -5,8 +5,6 @@ collector)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import httpx
 import numpy as np
 import pytest
@@ -14,19 +12,10 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.e2e.test_observability import Collector
+from tests.e2e.otlp import Collector
 from tests.support import start_server, wait_for
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture
-def collector() -> Iterator[Collector]:
-    collector = Collector()
-    collector.thread.start()
-    yield collector
-    collector.server.shutdown()
-    collector.server.server_close()
 
 
 def infer(client: httpclient.InferenceServerClient, model: str, request_id: str) -> None:
