@@ -1,0 +1,1 @@
+/tmp/perf_analyzer/perf_analyzer -m pb_double -i grpc -u 127.0.0.1:49487 --shape INPUT0:262144 --input-data zero --concurrency-range 8 --measurement-interval 3000 --stability-percentage 25 --max-trials 6 -f benchmarks/results/python_backend/pa_mem10/raw/round0/triton/pb_double-grpc-c8.csv

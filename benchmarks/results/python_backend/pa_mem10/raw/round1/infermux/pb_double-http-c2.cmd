@@ -1,0 +1,1 @@
+/tmp/perf_analyzer/perf_analyzer -m pb_double -i http -u 127.0.0.1:39205 --shape INPUT0:262144 --input-data zero --concurrency-range 2 --measurement-interval 3000 --stability-percentage 25 --max-trials 6 -f benchmarks/results/python_backend/pa_mem10/raw/round1/infermux/pb_double-http-c2.csv

@@ -1,0 +1,1 @@
+/tmp/perf_analyzer/perf_analyzer -m pb_double -i http -u 127.0.0.1:53817 --shape INPUT0:262144 --input-data zero --concurrency-range 2 --measurement-interval 3000 --stability-percentage 25 --max-trials 6 -f /work/wt-bench27/benchmarks/results/python_backend/raw/round0/infermux/pb_double-http-c2.csv

@@ -1,0 +1,1 @@
+/tmp/perf_analyzer/perf_analyzer -m pb_double_batched -i grpc -u 127.0.0.1:47997 --shape INPUT0:262144 --input-data zero --concurrency-range 8 --measurement-interval 3000 --stability-percentage 25 --max-trials 6 -f /work/wt-bench27/benchmarks/results/python_backend/raw/round0/triton/pb_double_batched-grpc-c8.csv

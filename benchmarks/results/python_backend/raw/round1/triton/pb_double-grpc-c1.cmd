@@ -1,0 +1,1 @@
+/tmp/perf_analyzer/perf_analyzer -m pb_double -i grpc -u 127.0.0.1:46369 --shape INPUT0:262144 --input-data zero --concurrency-range 1 --measurement-interval 3000 --stability-percentage 25 --max-trials 6 -f /work/wt-bench27/benchmarks/results/python_backend/raw/round1/triton/pb_double-grpc-c1.csv
