@@ -200,6 +200,9 @@ def test_with_two_executors_changes_made_while_one_restarts_reach_it(tmp_path: P
         os.kill(zero, signal.SIGKILL)
         # Its successor is running (and loading slowly): what changes now reaches executor 1 alone.
         wait_for(lambda: len(server.children()) == 3 and zero not in server.children(), 60)
+        # ... and the front end has heard that executor 0 is gone (until then a change may still
+        # be sent to it, and fail 503 when the front end hears: CI saw that once).
+        wait_for(lambda: status(f"http://{server.url}/v2/health/ready") != 200, 60)
         with httpclient.InferenceServerClient(server.url) as client:
             client.load_model("identity_fp32")
         wait_for(lambda: any("executor-0 ready again" in line for line in server.log), 120)
