@@ -130,6 +130,12 @@ class ModelConfig:
     proto: pb.ModelConfig = dataclasses.field(repr=False, compare=False)
 
     @property
+    def decoupled(self) -> bool:
+        """``model_transaction_policy { decoupled: true }``: zero or more responses per
+        request, then a final flag; served only by backends that implement it."""
+        return bool(self.proto.model_transaction_policy.decoupled)
+
+    @property
     def batching(self) -> bool:
         """True when the first dimension of every input/output is a batch dimension."""
         return self.max_batch_size > 0
@@ -190,8 +196,6 @@ def _unsupported_field(message: pb.ModelConfig) -> str | None:
         return "ensemble_scheduling"
     if message.HasField("sequence_batching"):
         return "sequence_batching"
-    if message.model_transaction_policy.decoupled:
-        return "model_transaction_policy.decoupled"
     if message.response_cache.enable:
         return "response_cache"
     for i, group in enumerate(message.instance_group):

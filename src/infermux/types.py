@@ -14,7 +14,7 @@ import ml_dtypes
 import numpy as np
 import numpy.typing as npt
 
-from infermux.errors import InvalidArgumentError
+from infermux.errors import InfermuxError, InvalidArgumentError
 
 Parameter = bool | int | float | str
 """A request/tensor parameter value, as KServe V2 and Triton's ``InferParameter`` allow."""
@@ -133,6 +133,13 @@ class InferResponse:
     outputs: list[Tensor]
     id: str = ""
     parameters: Parameters = field(default_factory=dict)
+    final: bool = True
+    """The last response to its request (a decoupled model's may be one of many)."""
+    error: InfermuxError | None = None
+    """A decoupled model's failed response (no outputs); its stream may go on after it."""
+    flag_only: bool = False
+    """No response, only the final flag (a decoupled model sent the flag alone): a front end
+    sends it only where the client asked for it (Triton's ``enable_empty_final_response``)."""
 
 
 @dataclass(frozen=True, slots=True)

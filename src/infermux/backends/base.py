@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -20,6 +20,9 @@ from infermux.backends.server_calls import ServerCalls
 from infermux.errors import ModelLoadError
 from infermux.model_config import ModelConfig
 from infermux.types import DeviceArray, Parameters
+
+if TYPE_CHECKING:
+    from infermux.backends.responses import ResponseStream
 
 ExecuteResult = Mapping[str, npt.ArrayLike] | Exception
 """Per request: output name -> array, or an exception that fails only that request."""
@@ -60,6 +63,9 @@ class ModelRequest:
     device_inputs: dict[str, DeviceArray] = field(default_factory=dict)
     """Inputs left in a client's GPU memory (CUDA shared memory), given only to backends that
     set ``accepts_device_inputs``; for the others they arrive in ``inputs``, copied to host."""
+    responses: ResponseStream | None = field(default=None, compare=False)
+    """Set for a request to a decoupled model: where its responses go, then its final flag
+    (``backends/responses.py``); its result from ``execute`` then only says whether it failed."""
 
     @property
     def batch_size(self) -> int:
@@ -124,7 +130,9 @@ class Backend(Protocol):
     """True when instances run one kernel over the stacked batch, so the scheduler must only
     batch requests whose shapes match past the batch dimension (False: a list of requests)."""
     # Optional: ``accepts_device_inputs = True`` when instances read
-    # :attr:`ModelRequest.device_inputs` in place on the GPU (absent means False).
+    # :attr:`ModelRequest.device_inputs` in place on the GPU (absent means False);
+    # ``decoupled = True`` when instances answer a decoupled model's requests through
+    # :attr:`ModelRequest.responses` (absent: such a model is refused at load).
 
     def load(self, context: ModelContext) -> BackendInstance:
         """Create one instance; raise :class:`~infermux.errors.ModelLoadError` saying why not."""

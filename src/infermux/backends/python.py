@@ -42,6 +42,7 @@ class PythonBackend:
 
     name = "python"
     stacks_inputs = False  # execute() receives the list of requests; the model may stack them
+    decoupled = True  # in this process; a worker process refuses it (isolation: process)
 
     def load(self, context: ModelContext) -> BackendInstance:
         isolation = context.config.parameters.get(ISOLATION_PARAMETER) or "thread"
@@ -51,6 +52,12 @@ class PythonBackend:
                 f"{', '.join(ISOLATION_MODES)}, got {isolation!r}"
             )
         if isolation == "process":
+            if context.config.decoupled:
+                raise ModelLoadError(
+                    f"model '{context.config.name}': model_transaction_policy.decoupled needs "
+                    f"parameters.{ISOLATION_PARAMETER} 'thread' (a worker process answers "
+                    "once per request)"
+                )
             model_file(context, DEFAULT_FILENAME)  # a missing file is said here, not by a worker
             return ProcessInstance(context)
         return self.load_here(context)

@@ -4,6 +4,7 @@ a worker process of its own with ``isolation: process``, ``backends/python_worke
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import importlib.util
 import inspect
@@ -14,7 +15,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from infermux.backends import pb_utils, triton_model
+from infermux.backends import decoupled, pb_utils, triton_model
 from infermux.backends.base import (
     BackendInstance,
     ExecuteResult,
@@ -54,15 +55,18 @@ def load_in_process(context: ModelContext) -> BackendInstance:
         raise ModelLoadError(
             f"{path}: {MODEL_CLASS}.initialize failed: {type(exc).__name__}: {exc}"
         ) from exc
-    return PythonInstance(model, str(path))
+    return PythonInstance(model, str(path), decoupled=context.config.decoupled)
 
 
 class PythonInstance:
-    """One instance of a user's ``Model``."""
+    """One instance of a user's ``Model``; for a decoupled model, ``execute`` returns an
+    iterator of results per request, which ``backends/decoupled.py`` sends."""
 
-    def __init__(self, model: Any, source: str) -> None:
+    def __init__(self, model: Any, source: str, *, decoupled: bool = False) -> None:
         self._model = model
         self._source = source
+        self._decoupled = decoupled
+        self._loop: asyncio.AbstractEventLoop | None = None  # for async iterators
 
     def execute(self, requests: Sequence[ModelRequest]) -> Sequence[ExecuteResult]:
         results = self._model.execute(list(requests))
@@ -72,12 +76,21 @@ class PythonInstance:
                 f"{self._source}: execute() must return one result per request "
                 f"({len(requests)} requests, got {got})"
             )
-        return results
+        if not self._decoupled:
+            return results
+        if self._loop is None and any(hasattr(r, "__aiter__") for r in results):
+            self._loop = asyncio.new_event_loop()
+        return decoupled.drive(requests, results, self._source, self._loop)
 
     def close(self) -> None:
-        finalize = getattr(self._model, "finalize", None)
-        if finalize is not None:
-            finalize()
+        try:
+            finalize = getattr(self._model, "finalize", None)
+            if finalize is not None:
+                finalize()
+        finally:
+            if self._loop is not None:
+                self._loop.close()
+                self._loop = None
 
 
 def import_model_file(path: Path, model: str, version: int) -> ModuleType:

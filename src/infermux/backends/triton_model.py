@@ -50,7 +50,6 @@ def load(module: ModuleType, context: ModelContext, source: str) -> TritonInstan
     cls = getattr(module, TRITON_CLASS)
     if not callable(getattr(cls, "execute", None)):
         raise ModelLoadError(f"{source}: class '{TRITON_CLASS}' has no execute(requests) method")
-    # Decoupled models are refused with the config (model_config.check_supported), before this.
     instance = TritonInstance(cls(), context, source)
     initialize = getattr(instance.model, "initialize", None)
     if initialize is not None:
@@ -78,6 +77,17 @@ class TritonInstance:
     def execute(self, requests: Sequence[ModelRequest]) -> Sequence[ExecuteResult]:
         given = [self._request(r) for r in requests]
         responses = self.call(self.model.execute, given)
+        if self._context.config.decoupled:
+            # The answers go through each request's sender, now or later (Triton's semantics).
+            if responses is None:
+                return [{} for _ in requests]
+            return [
+                InternalError(
+                    f"{self._source}: execute() of a decoupled model returns None and sends "
+                    "its responses through request.get_response_sender()"
+                )
+                for _ in requests
+            ]
         if not isinstance(responses, (list, tuple)) or len(responses) != len(requests):
             got = len(responses) if isinstance(responses, (list, tuple)) else type(responses)
             raise InternalError(
@@ -120,7 +130,7 @@ class TritonInstance:
 
     def _request(self, request: ModelRequest) -> pb_utils.InferenceRequest:
         correlation = request.parameters.get("sequence_id", 0)
-        return pb_utils.InferenceRequest(
+        given = pb_utils.InferenceRequest(
             request_id=request.id,
             correlation_id=correlation if isinstance(correlation, (int, str)) else 0,
             inputs=[pb_utils.Tensor(name, array) for name, array in request.inputs.items()],
@@ -129,6 +139,14 @@ class TritonInstance:
             model_version=self._context.version,
             parameters=dict(request.parameters),
         )
+        stream = request.responses
+        if stream is not None:
+
+            def send(response: pb_utils.InferenceResponse | None, final: bool) -> None:
+                stream.send(None if response is None else self._result(response, 0), final=final)
+
+            given._sender = pb_utils.InferenceResponseSender(send, lambda: stream.cancelled)
+        return given
 
     def _result(self, response: object, index: int) -> ExecuteResult:
         if not isinstance(response, pb_utils.InferenceResponse):

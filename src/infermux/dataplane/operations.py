@@ -9,7 +9,7 @@ reason; ``live`` and ``server_metadata`` are answered by the front end's own pro
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any, Protocol
 
 from infermux.model_config import ModelConfig
@@ -37,6 +37,15 @@ class Operations(Protocol):
     async def model_metadata(self, name: str, version: str = "") -> ModelMetadata: ...
     async def model_config(self, name: str, version: str = "") -> ModelConfig: ...
     async def infer(self, request: InferRequest) -> InferResponse: ...
+    def infer_stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
+        """The responses to ``request`` in order, the last one ``final``: exactly one for most
+        models; zero or more, then a final flag (maybe on an empty response), for a decoupled
+        model, whose ``infer`` refuses it. Raises an InfermuxError when the request fails before
+        it runs; later failures are responses with ``error`` set, and the stream may go on.
+        Reading slowly holds the model back (bounded buffering); closing the iterator early
+        gives the request up."""
+        ...
+
     async def model_statistics(self, name: str = "", version: str = "") -> list[ModelStats]: ...
     async def repository_index(self, *, ready_only: bool = False) -> list[RepositoryIndexEntry]: ...
     async def load_model(

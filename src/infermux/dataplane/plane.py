@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from infermux.backends.base import ModelRequest
@@ -18,6 +18,7 @@ from infermux.errors import (
     FailureReason,
     InfermuxError,
     InvalidArgumentError,
+    UnsupportedError,
 )
 from infermux.ipc.arena import Block
 from infermux.model_config import ModelConfig
@@ -45,6 +46,7 @@ from infermux.types import (
     uses_shared_memory,
 )
 
+from . import streams
 from .classification import classified, wanted_classes
 from .cuda_shared_memory import CudaSharedMemoryRegistry
 from .inputs import InputLimits, to_model_request
@@ -143,6 +145,46 @@ class DataPlane:
         """Validate, schedule and run one request; raises an :class:`InfermuxError` on failure."""
         started = time.perf_counter_ns()
         route = self.router.route(request)
+        if route.model.config.decoupled:
+            raise UnsupportedError(streams.decoupled_refusal(route.model.name))
+        return await self._traced(route, request, started)
+
+    async def infer_stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
+        """The responses to one request, in order, the last one ``final``: one for most
+        models, zero or more then a final flag for a decoupled model (``dataplane/streams.py``).
+        Raises an :class:`InfermuxError` when the request fails before it runs; afterwards a
+        failure is a response with ``error`` set (the stream may go on after it)."""
+        started = time.perf_counter_ns()
+        route = self.router.route(request, mirror=False)  # a decoupled model is not mirrored
+        if not route.model.config.decoupled:
+            yield await self._traced(route, request, started)
+            return
+        model = route.model
+        staged: list[Block] = []
+        try:
+            try:
+                classes = wanted_classes(model.config, request.outputs) if request.outputs else {}
+                device = self._read_shared_memory(model, request, staged)
+                model_request = to_model_request(model.config, request, device, self._limits)
+            except InfermuxError as exc:
+                failed(model, request, started, exc.reason, exc)
+                raise
+            log = self._log_requests
+            async for response in streams.answers(model, request, model_request, started, log):
+                if classes and response.outputs:
+                    batched = model.config.batching
+                    response.outputs = classified(
+                        response.outputs, classes, batched=batched, labels=model.labels
+                    )
+                response.outputs = self._place_outputs(request, response.outputs)
+                if staged:
+                    response.outputs = self._shm.unstaged(response.outputs)
+                yield response
+        finally:
+            if staged:
+                self._shm.release(staged)
+
+    async def _traced(self, route: Route, request: InferRequest, started: int) -> InferResponse:
         if TRACING.tracer is None:
             return await self._infer(route, request, started)
         model = route.model

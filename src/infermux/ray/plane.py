@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from ray import serve
@@ -106,6 +106,11 @@ class RayDataPlane:
         return self._described[key]
 
     # -- inference --------------------------------------------------------------------------------
+
+    async def infer_stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
+        # One response, final: decoupled models are refused at load in this mode
+        # by Ray replicas (dataplane/assembly.py says why), so every model served here answers once.
+        yield await self.infer(request)
 
     async def infer(self, request: InferRequest) -> InferResponse:
         key = request.parameters.get(ROUTING_KEY_PARAMETER)

@@ -12,7 +12,7 @@ import logging
 import os
 from typing import Any
 
-from infermux.dataplane.assembly import build_dataplane, build_repository
+from infermux.dataplane.assembly import RAY_STREAMS, build_dataplane, build_repository
 from infermux.errors import InfermuxError, UnavailableError
 from infermux.settings import ServerSettings
 from infermux.types import InferRequest
@@ -44,7 +44,7 @@ class ModelReplica:
             executors=1,
             ray_address="",
         )
-        self._repository = build_repository(self._settings)
+        self._repository = build_repository(self._settings, decoupled_refused=RAY_STREAMS)
         self._plane = build_dataplane(self._settings, self._repository)
         await self._repository.start()
         if not self._repository.is_ready(model):

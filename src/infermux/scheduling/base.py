@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 from infermux.backends.base import ExecuteResult, ModelRequest
+from infermux.errors import InfermuxError
 from infermux.types import Tensor
 
 Finisher = Callable[[ModelRequest, ExecuteResult], list[Tensor]]
@@ -28,6 +29,20 @@ class Completion:
     compute_output_ns: int
 
 
+@dataclass(frozen=True, slots=True)
+class Response:
+    """One response of a request to a decoupled model: outputs, or this response's error
+    (the stream may go on after it), and whether it is the request's last. The final one
+    carries the request's :class:`Completion` (its times; no outputs) when the request ran."""
+
+    outputs: list[Tensor]
+    error: InfermuxError | None = None
+    final: bool = False
+    completion: Completion | None = None
+    flag_only: bool = False
+    """No response came with this flag (the model sent the final flag alone)."""
+
+
 class Scheduler(Protocol):
     """Queues requests for one model version and runs them on that version's instances."""
 
@@ -41,6 +56,13 @@ class Scheduler(Protocol):
         running batch is not interrupted: the cancellation completes when that batch ends (the
         model may read the request's inputs until then) and the result is dropped.
         """
+        ...
+
+    def submit_stream(self, request: ModelRequest) -> AsyncIterator[Response]:
+        """Run ``request`` on a decoupled model: its responses in the order the model sent
+        them, the last one final. A failure before the model answered (queue, batch) is a
+        final response with that error. Closing the iterator early cancels the request as
+        cancelling :meth:`submit` does, and the model's later responses are dropped."""
         ...
 
     @property

@@ -15,15 +15,16 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 
 from infermux.backends.base import BackendInstance, ExecuteResult, ModelRequest
 from infermux.backends.outputs import to_output_tensors
+from infermux.backends.responses import ResponseStream
 from infermux.errors import FailureReason, InfermuxError, InternalError, RejectedError
 from infermux.model_config import DynamicBatchingConfig, ModelConfig
 from infermux.observability.statistics import ModelStatistics
 from infermux.observability.tracing import TRACING
-from infermux.scheduling.base import Completion, Finisher
+from infermux.scheduling.base import Completion, Finisher, Response
 from infermux.scheduling.instances import ExecutionTimeout, InstanceSlot, Reload
 from infermux.scheduling.queue import TIMED_OUT, Pending, RequestQueue
 from infermux.types import Tensor
@@ -195,6 +196,53 @@ class DynamicBatcher:
         assert completion is not None
         return completion
 
+    async def submit_stream(self, request: ModelRequest) -> AsyncGenerator[Response]:
+        stream = request.responses = ResponseStream()
+        # The request is queued and batched as any other; its answers do not wait for the
+        # batch to end (the model sends them while it runs, and may go on after it).
+        task = self._loop.create_task(self.submit(request))
+        task.add_done_callback(lambda done: _end_stream(stream, done))
+        try:
+            while True:
+                result, final = await stream.get()
+                if final:
+                    yield await self._last(request, result, task)
+                    return
+                yield self._response(request, result)
+        finally:
+            stream.close()
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+
+    def _response(self, request: ModelRequest, result: ExecuteResult | None) -> Response:
+        if result is None:
+            return Response([], flag_only=True)
+        try:
+            return Response(self._finish(request, result))
+        except InfermuxError as exc:
+            return Response([], _from_backend(exc))
+        except Exception as exc:
+            logger.exception("model '%s': handling a response failed", self._name)
+            return Response([], _from_backend(InternalError(f"model '{self._name}': {exc}")))
+
+    async def _last(
+        self, request: ModelRequest, result: ExecuteResult | None, task: asyncio.Task[Completion]
+    ) -> Response:
+        try:
+            completion = await asyncio.shield(task)  # the batch it ran in is over
+        except InfermuxError as exc:  # the request failed (queue, batch, its own result)
+            return Response([], exc, final=True)
+        response = self._response(request, result)
+        return Response(
+            response.outputs,
+            response.error,
+            final=True,
+            completion=completion,
+            flag_only=response.flag_only,
+        )
+
     async def close(self) -> None:
         self._closing = True
         await self._idle.wait()
@@ -302,7 +350,10 @@ class DynamicBatcher:
             rows += pending.request.batch_size
             begin = time.perf_counter_ns()
             try:
-                outputs = self._finish(pending.request, result)
+                if pending.request.responses is not None and not isinstance(result, Exception):
+                    outputs = []  # its answers went through its response stream
+                else:
+                    outputs = self._finish(pending.request, result)
             except Exception as exc:
                 output_total += time.perf_counter_ns() - begin
                 if not isinstance(exc, InfermuxError):
@@ -347,6 +398,15 @@ def _fail_all(batch: list[Pending], error: InfermuxError) -> None:
     for pending in batch:
         if not pending.future.done():
             pending.future.set_exception(error)
+
+
+def _end_stream(stream: ResponseStream, submitted: asyncio.Task[Completion]) -> None:
+    """A decoupled request failed before its model sent its final response: end it so."""
+    if submitted.cancelled():
+        return
+    error = submitted.exception()
+    if error is not None:
+        stream.end(error if isinstance(error, Exception) else InternalError(str(error)))
 
 
 def _release_after(previous: asyncio.Future[None] | None, gate: asyncio.Future[None]) -> None:

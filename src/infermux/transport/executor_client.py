@@ -25,7 +25,7 @@ import asyncio
 import functools
 import itertools
 import logging
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
@@ -226,6 +226,11 @@ class RemoteExecutor:
         self._released = []
 
     # -- inference --------------------------------------------------------------------------------
+
+    async def infer_stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
+        # One response, final: decoupled models are refused at load in this mode
+        # (dataplane/assembly.py says why), so every model served here answers once.
+        yield await self.infer(request)
 
     async def infer(self, request: InferRequest) -> InferResponse:
         link = self.require()

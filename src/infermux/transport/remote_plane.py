@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 from infermux.errors import ErrorCode, FailureReason, InfermuxError, UnavailableError
@@ -170,6 +170,11 @@ class RemoteDataPlane:
         return next((e for e in hosts if e.attached), hosts[0]) if hosts else self._fallback()
 
     # -- inference --------------------------------------------------------------------------------
+
+    async def infer_stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
+        # One response, final: decoupled models are refused at load in this mode
+        # (dataplane/assembly.py says why), so every model served here answers once.
+        yield await self.infer(request)
 
     async def infer(self, request: InferRequest) -> InferResponse:
         if len(self._executors) == 1:

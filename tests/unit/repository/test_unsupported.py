@@ -26,7 +26,6 @@ PLAIN = HEAD + INPUT % "" + OUTPUT % ""
 
 REFUSED = {
     "sequence_batching": PLAIN + "sequence_batching { }",
-    "model_transaction_policy.decoupled": PLAIN + "model_transaction_policy { decoupled: true }",
     "response_cache": PLAIN + "response_cache { enable: true }",
     "instance_group[1].rate_limiter": PLAIN
     + "instance_group [ { kind: KIND_CPU }, { kind: KIND_CPU rate_limiter { priority: 2 } } ]",
@@ -48,6 +47,9 @@ REFUSED = {
 # The same fields set to what they mean when absent, and fields that only describe: accepted.
 ACCEPTED = [
     PLAIN + "model_transaction_policy { decoupled: false }",
+    # Refused at load by backends that do not answer decoupled (tests/unit/repository/
+    # test_decoupled_load.py), not by the config.
+    PLAIN + "model_transaction_policy { decoupled: true }",
     PLAIN + "response_cache { enable: false }",
     HEAD + INPUT % "allow_ragged_batch: false" + OUTPUT % 'label_filename: "labels.txt"',
     PLAIN + 'metric_tags { key: "team" value: "a" }',

@@ -265,3 +265,102 @@ async def test_an_idle_worker_keeps_nothing_of_its_last_batch() -> None:
     await asyncio.sleep(0.05)  # the worker is back waiting for work
     assert alive() is None, "the idle worker still holds the last batch's input"
     await batcher.close()
+
+
+class Repeater:
+    """A decoupled instance: each request gets ``x`` responses (its value, then +1, ...), one
+    request with -1 a mid-stream error response; sent from a thread of its own after
+    ``execute`` returned, as Triton lets a decoupled model do."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[int]] = []
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def execute(self, requests: Sequence[ModelRequest]) -> Sequence[ExecuteResult]:
+        self.gate.wait(10)
+        self.batches.append([int(r.inputs["x"][0, 0]) for r in requests])
+        for r in requests:
+            threading.Thread(target=self._answer, args=(r,)).start()
+        return [{} for _ in requests]
+
+    @staticmethod
+    def _answer(r: ModelRequest) -> None:
+        value = int(r.inputs["x"][0, 0])
+        assert r.responses is not None
+        if value < 0:
+            r.responses.send({"y": np.full((1, 1), 0)})
+            r.responses.send(InvalidArgumentError("bad turn"))
+            r.responses.send({"y": np.full((1, 1), 1)}, final=True)
+            return
+        for i in range(value):
+            r.responses.send({"y": np.full((1, 1), value + i)})
+        r.responses.send(None, final=True)
+
+    def close(self) -> None:
+        pass
+
+
+async def streamed(batcher: DynamicBatcher, value: int) -> list[tuple[object, bool]]:
+    got: list[tuple[object, bool]] = []
+    async for part in batcher.submit_stream(request(value)):
+        got.append((part.error or [int(t.data[0, 0]) for t in part.outputs], part.final))
+        if part.final:
+            assert part.completion is not None or part.error is not None
+    return got
+
+
+async def test_a_decoupled_batch_streams_each_requests_own_answers() -> None:
+    instance = Repeater()
+    instance.gate.clear()
+    batcher = DynamicBatcher(
+        "m", [instance], finish=finish, batching=DynamicBatchingConfig(), max_batch_size=8
+    )
+    first = asyncio.ensure_future(streamed(batcher, 1))
+    await asyncio.sleep(0.05)  # running alone, held at the gate
+    rest = [asyncio.ensure_future(streamed(batcher, v)) for v in (2, 3, 0)]
+    await asyncio.sleep(0.05)
+    instance.gate.set()
+    answers = await asyncio.gather(first, *rest)
+    assert instance.batches == [[1], [2, 3, 0]]  # batching still applies
+    assert answers == [
+        [([1], False), ([], True)],
+        [([2], False), ([3], False), ([], True)],
+        [([3], False), ([4], False), ([5], False), ([], True)],
+        [([], True)],  # zero responses, then the final flag
+    ]
+    await batcher.close()
+
+
+async def test_a_decoupled_error_response_does_not_end_the_stream() -> None:
+    batcher = DynamicBatcher("m", [Repeater()], finish=finish)
+    got = await streamed(batcher, -1)
+    assert got[0] == ([0], False)
+    error, final = got[1]
+    assert isinstance(error, InvalidArgumentError)
+    assert not final
+    assert got[2] == ([1], True)
+    await batcher.close()
+
+
+async def test_a_decoupled_request_failing_its_batch_ends_with_that_error() -> None:
+    class Crashing(Repeater):
+        def execute(self, requests: Sequence[ModelRequest]) -> Sequence[ExecuteResult]:
+            raise RuntimeError("boom")
+
+    batcher = DynamicBatcher("m", [Crashing()], finish=finish)
+    [(error, final)] = await streamed(batcher, 2)
+    assert isinstance(error, InternalError)
+    assert "boom" in str(error)
+    assert final
+    await batcher.close()
+
+
+async def test_closing_a_stream_early_drops_the_models_later_responses() -> None:
+    batcher = DynamicBatcher("m", [Repeater()], finish=finish)
+    stream = batcher.submit_stream(request(50))
+    first = await anext(stream)
+    assert [int(t.data[0, 0]) for t in first.outputs] == [50]
+    await stream.aclose()  # the reader is gone; the model's sender is released, not blocked
+    assert batcher.pending == 0
+    await batcher.close()

@@ -20,6 +20,7 @@ from infermux.backends.pb_utils.inference import (
     TRITONSERVER_RESPONSE_COMPLETE_FINAL,
     InferenceRequest,
     InferenceResponse,
+    InferenceResponseSender,
 )
 from infermux.backends.pb_utils.logger import Logger, LogLevel
 from infermux.backends.pb_utils.model_config import (
@@ -61,6 +62,7 @@ __all__ = [
     "TRITON_STRING_TO_NUMPY",
     "InferenceRequest",
     "InferenceResponse",
+    "InferenceResponseSender",
     "LogLevel",
     "Logger",
     "Metric",

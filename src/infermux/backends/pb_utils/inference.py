@@ -10,8 +10,7 @@ a response whose ``has_error()`` is true, not as an exception.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
 
 from infermux.backends import server_calls
 from infermux.backends.pb_utils.errors import TritonError, TritonModelException
@@ -63,8 +62,43 @@ class InferenceResponse:
         return self._parameters
 
 
+class InferenceResponseSender:
+    """What ``request.get_response_sender()`` gives a decoupled model: ``send(response,
+    flags)`` any number of times, from any thread, also after ``execute`` returned; the last
+    with ``flags=TRITONSERVER_RESPONSE_COMPLETE_FINAL`` (``response`` may then be None).
+    A send blocks while the client is too far behind in reading."""
+
+    def __init__(
+        self,
+        send: Callable[[InferenceResponse | None, bool], None],
+        cancelled: Callable[[], bool],
+    ) -> None:
+        self._send = send
+        self._cancelled = cancelled
+
+    def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
+        final = bool(flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        if response is None and not final:
+            raise TritonModelException(
+                "Inference Response object must be provided when the response flags is not FINAL."
+            )
+        if response is not None and not isinstance(response, InferenceResponse):
+            raise TritonModelException('"response" must be an InferenceResponse or None.')
+        try:
+            self._send(response, final)
+        except RuntimeError:
+            raise TritonModelException(
+                "Unable to send response. Response sender has been closed."
+            ) from None
+
+    def is_cancelled(self) -> bool:
+        return self._cancelled()
+
+
 class InferenceRequest:
     """One request: given to ``execute``, or built by a model to call another (BLS)."""
+
+    _sender: InferenceResponseSender | None = None  # set for a decoupled model's requests
 
     def __init__(  # noqa: PLR0917  (Triton's signature, positions included)
         self,
@@ -116,13 +150,16 @@ class InferenceRequest:
         return self._model_name
 
     def is_cancelled(self) -> bool:
-        return False  # the client's cancellation leaves the batch to finish; it is not told
+        # A decoupled request's client gone; otherwise the batch finishes and is not told.
+        return self._sender is not None and self._sender.is_cancelled()
 
-    def get_response_sender(self) -> Any:
-        raise TritonModelException(
-            "decoupled models are not supported yet: return one InferenceResponse per request "
-            "from execute()"
-        )
+    def get_response_sender(self) -> InferenceResponseSender:
+        if self._sender is None:
+            raise TritonModelException(
+                "get_response_sender() is for decoupled models (model_transaction_policy "
+                "{ decoupled: true }): return one InferenceResponse per request from execute()"
+            )
+        return self._sender
 
     def exec(self, decoupled: bool = False) -> InferenceResponse:
         """Run this request on model ``model_name`` and wait for its answer (BLS)."""

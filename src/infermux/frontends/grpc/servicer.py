@@ -10,7 +10,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any, NoReturn, TypeVar
 
 import grpc  # type: ignore[import-untyped,unused-ignore]  # grpcio ships no type information
@@ -46,6 +46,12 @@ STATUS_OF: dict[ErrorCode, Any] = {
 }
 """Triton's ``ErrorCodeToGrpcStatus``: every error code has its own gRPC status."""
 
+
+EMPTY_FINAL_PARAMETER = "triton_enable_empty_final_response"
+"""Request parameter (tritonclient's ``enable_empty_final_response``): flag every stream
+response final or not, and send a final flag that came without outputs as an empty response."""
+FINAL_PARAMETER = "triton_final_response"
+"""Response parameter: this is the last response of its request."""
 
 _S = TypeVar("_S")
 _R = TypeVar("_R")
@@ -152,27 +158,45 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
     async def ModelStreamInfer(
         self, request_iterator: AsyncIterator[Message], context: Context
     ) -> AsyncIterator[Message]:
-        """Run the requests of the stream concurrently; answer each as soon as it completes.
+        """Run the requests of the stream concurrently; send each response as soon as it comes.
 
-        At most ``stream_in_flight`` requests are read and not yet answered: past that, the stream
-        is not read until an answer has been written, and grpc.aio writes one only as the
-        client's flow-control window allows. A client that sends without reading answers thus
-        meets HTTP/2 flow control instead of growing the server's memory without bound.
+        A request gets one response, or, from a decoupled model, zero or more then a final
+        flag: responses of one request leave in the order the model sent them. With the request
+        parameter ``triton_enable_empty_final_response`` true, every response carries Triton's
+        ``triton_final_response`` parameter and a final flag that came without outputs is sent
+        as an empty response; otherwise such a flag sends nothing.
 
-        A failed request is answered with ``error_message`` and the stream stays open; once the
-        client half-closes, the stream ends when the requests still running have been answered.
+        Memory is bounded twice. At most ``stream_in_flight`` requests are read and not yet
+        finished: past that, the stream is not read until a request's last response has been
+        written. At most as many responses wait to be written: past that, the requests stop
+        taking responses from the data plane, which holds their models back
+        (``backends/responses.py``). grpc.aio writes a response only as the client's
+        flow-control window allows, so a client that stops reading meets HTTP/2 flow control
+        instead of growing the server's memory.
+
+        A failed response is sent with ``error_message`` and the stream stays open; once the
+        client half-closes, the stream ends when the requests still running have finished.
         """
-        answers: asyncio.Queue[Message | None] = asyncio.Queue()
+        # (reply, last of its request) or None: the reader is done.
+        answers: asyncio.Queue[tuple[Message | None, bool] | None] = asyncio.Queue()
         running: set[asyncio.Task[None]] = set()
-        # A slot is taken before a request is read and given back once its answer is written.
+        # A slot is taken before a request is read and given back once its last reply is written.
         slots = asyncio.Semaphore(self._stream_in_flight)
+        # A reply takes one of these before it is queued and gives it back once written.
+        buffered = asyncio.Semaphore(self._stream_in_flight)
 
         metadata = tuple(context.invocation_metadata() or ())
         peer = context.peer()
         deadline_ns = _deadline_ns(context)  # the stream's: no request outlives it
 
         async def answer(message: Message) -> None:
-            await answers.put(await self._stream_answer(message, metadata, peer, deadline_ns))
+            replies = self._stream_replies(message, metadata, peer, deadline_ns)
+            try:
+                async for item in replies:
+                    await buffered.acquire()
+                    answers.put_nowait(item)
+            finally:
+                await replies.aclose()
 
         async def read() -> None:
             requests = aiter(request_iterator)
@@ -192,10 +216,14 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
 
         reader = asyncio.create_task(read())
         try:
-            while (reply := await answers.get()) is not None:
-                # grpc.aio asks for the next reply only once this one has been sent.
-                yield reply
-                slots.release()
+            while (item := await answers.get()) is not None:
+                reply, last = item
+                if reply is not None:
+                    # grpc.aio asks for the next reply only once this one has been sent.
+                    yield reply
+                buffered.release()
+                if last:
+                    slots.release()
             await reader  # surfaces a failed read as the stream's status
         finally:
             # The client went away or the server is stopping: nobody is left to answer.
@@ -209,35 +237,39 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         except InvalidArgumentError as exc:
             await unknown_model_first(self._dp, message.model_name, message.model_version, exc)
 
-    async def _stream_answer(
+    async def _stream_replies(
         self, message: Message, metadata: tuple[Any, ...], peer: str, deadline_ns: int
-    ) -> Message:
+    ) -> AsyncGenerator[tuple[Message | None, bool]]:
+        """The replies to one request of a stream, each with whether it is the last (which is
+        None for a final flag with nothing to send)."""
         if isinstance(message, Malformed):
             _malformed("ModelStreamInfer", peer, message)
-            return service_pb2.ModelStreamInferResponse(error_message=message.describe())
+            yield service_pb2.ModelStreamInferResponse(error_message=message.describe()), True
+            return
+        flagged = False  # triton_enable_empty_final_response
         try:
             request = await self._decode(message)
+            flagged = request.parameters.pop(EMPTY_FINAL_PARAMETER, False) is True
             _from_metadata(request, metadata)
             request.deadline_ns = deadline_ns
-            response = await self._dp.infer(request)
-            return service_pb2.ModelStreamInferResponse(
-                infer_response=codec.encode_infer_response(response)
-            )
+            async for response in self._dp.infer_stream(request):
+                final = response.final
+                if response.error is not None:
+                    yield _stream_error(message, response.error.message, final, flagged), final
+                elif not response.flag_only or flagged:
+                    encoded = codec.encode_infer_response(response)
+                    if flagged:
+                        encoded.parameters[FINAL_PARAMETER].bool_param = final
+                    yield service_pb2.ModelStreamInferResponse(infer_response=encoded), final
+                else:
+                    yield None, True  # the flag alone: nothing to send, the request is over
         except Exception as exc:
             if isinstance(exc, InfermuxError):
                 error = exc.message
             else:
                 logger.exception("unhandled error in a gRPC stream request")
                 error = f"internal error: {exc}"
-            # Echo the id so that the client can tell which of its requests failed.
-            return service_pb2.ModelStreamInferResponse(
-                error_message=error,
-                infer_response=service_pb2.ModelInferResponse(
-                    id=message.id,
-                    model_name=message.model_name,
-                    model_version=message.model_version,
-                ),
-            )
+            yield _stream_error(message, error, True, flagged), True
 
     # -- repository -------------------------------------------------------------------------------
 
@@ -334,6 +366,17 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
             else:
                 entry.string_param = str(value)
         return response
+
+
+def _stream_error(message: Message, error: str, final: bool, flagged: bool) -> Message:
+    """A failed response; it echoes the request's id so that the client can tell which of its
+    requests failed."""
+    response = service_pb2.ModelInferResponse(
+        id=message.id, model_name=message.model_name, model_version=message.model_version
+    )
+    if flagged:
+        response.parameters[FINAL_PARAMETER].bool_param = final
+    return service_pb2.ModelStreamInferResponse(error_message=error, infer_response=response)
 
 
 def _setting(value: Message) -> bool | int | str | None:

@@ -8,8 +8,10 @@ is set, which ``opener`` does; ``fail`` raises an InvalidArgumentError naming th
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
+
+import numpy as np
 
 from infermux.errors import (
     ErrorCode,
@@ -44,6 +46,7 @@ class FakePlane:
         self.gate = asyncio.Event()
         self.entered = asyncio.Event()  # set when a ``gated`` request starts waiting
         self.is_ready = True
+        self.streamed = 0  # responses a ``ticker`` stream produced
         self.regions: dict[str, SharedMemoryRegion] = {}
         self.cuda_regions: dict[str, CudaSharedMemoryRegion] = {}
         self.cuda_handles: dict[str, bytes] = {}
@@ -91,6 +94,24 @@ class FakePlane:
                 output=[pb.ModelOutput(name="OUTPUT0", data_type=fp32, dims=[4])],
             )
         )
+
+    async def infer_stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
+        """``ticker``: as a decoupled model, ``count`` responses of a 64 KiB output each (the
+        second one an error when ``fail_second``), then an empty final one; else one."""
+        if request.model_name != "ticker":
+            yield await self.infer(request)
+            return
+        count = int(str(request.parameters.get("count", 3)))
+        for i in range(count):
+            self.streamed += 1
+            if i == 1 and request.parameters.get("fail_second"):
+                error = InvalidArgumentError("second response failed")
+                yield InferResponse("ticker", "1", [], id=request.id, final=False, error=error)
+                continue
+            data = np.full((1, 16384), i, np.float32)
+            tensor = Tensor("OUTPUT0", "FP32", data.shape, data)
+            yield InferResponse("ticker", "1", [tensor], id=request.id, final=False)
+        yield InferResponse("ticker", "1", [], id=request.id, final=True, flag_only=True)
 
     async def infer(self, request: InferRequest) -> InferResponse:
         name = request.model_name

@@ -314,3 +314,61 @@ async def test_log_settings_convert_each_value_kind(client: Any, plane: FakePlan
     await expect_status(
         client.update_log_settings({"log_colour": True}), "INVALID_ARGUMENT", "log_colour"
     )
+
+
+def ticker(request_id: str, count: int, **flags: bool) -> bytes:
+    request = service_pb2.ModelInferRequest(model_name="ticker", id=request_id)
+    request.parameters["count"].int64_param = count
+    for name, value in flags.items():
+        request.parameters[name].bool_param = value
+    return bytes(request.SerializeToString())
+
+
+async def test_a_stream_carries_many_responses_per_request_with_the_final_flag() -> None:
+    plane = FakePlane()
+    server = GrpcServer(plane, addresses=["127.0.0.1:0"], graceful_timeout=1)
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.bound_port}") as channel:
+            call = channel.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer")()
+            await call.write(
+                ticker("a", 3, triton_enable_empty_final_response=True, fail_second=True)
+            )
+            await call.write(ticker("b", 2))  # no empty final response asked for
+            await call.done_writing()
+            answers = [service_pb2.ModelStreamInferResponse.FromString(m) async for m in call]
+    finally:
+        await server.stop()
+    a = [m for m in answers if m.infer_response.id == "a"]
+    b = [m for m in answers if m.infer_response.id == "b"]
+    assert [m.error_message for m in a] == ["", "second response failed", "", ""]
+    assert [m.infer_response.parameters["triton_final_response"].bool_param for m in a] == [
+        False,
+        False,
+        False,
+        True,
+    ]
+    assert len(a[3].infer_response.raw_output_contents) == 0  # the flag alone, sent empty
+    assert len(b) == 2  # the flag alone sends nothing; no response names the parameter
+    assert all("triton_final_response" not in m.infer_response.parameters for m in b)
+    assert "triton_enable_empty_final_response" not in a[0].infer_response.parameters
+
+
+async def test_a_client_that_stops_reading_holds_a_streaming_request_back() -> None:
+    plane = FakePlane()
+    server = GrpcServer(plane, addresses=["127.0.0.1:0"], stream_in_flight=2, graceful_timeout=1)
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.bound_port}") as channel:
+            call = channel.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer")()
+            await call.write(ticker("slow", 400))  # 400 x 64 KiB = 25 MiB if nothing held it
+            await asyncio.sleep(1.0)  # the client reads nothing meanwhile
+            held = plane.streamed
+            assert held < 200, held  # flow control plus a bounded buffer, not the whole stream
+            await call.done_writing()
+            count = 0
+            async for _ in call:
+                count += 1
+            assert count == 400  # reading again, everything comes, then the stream ends
+    finally:
+        await server.stop()

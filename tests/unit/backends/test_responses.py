@@ -1,0 +1,59 @@
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from infermux.backends.responses import ResponseStream
+
+
+async def test_responses_arrive_in_order_then_the_final_flag() -> None:
+    stream = ResponseStream()
+    sender = threading.Thread(
+        target=lambda: [stream.send({"i": i}, final=i == 4) for i in range(5)]  # type: ignore[func-returns-value]
+    )
+    sender.start()
+    got = [await stream.get() for _ in range(5)]
+    sender.join()
+    assert got == [({"i": i}, i == 4) for i in range(5)]
+
+
+async def test_a_sender_blocks_while_the_reader_is_behind() -> None:
+    stream = ResponseStream(limit=2)
+    sent: list[int] = []
+
+    def send() -> None:
+        for i in range(5):
+            stream.send({"i": i})
+            sent.append(i)
+
+    sender = threading.Thread(target=send, daemon=True)
+    sender.start()
+    await asyncio.sleep(0.1)
+    assert sent == [0, 1]  # bounded: the third send waits for the reader
+    assert (await stream.get())[0] == {"i": 0}
+    await asyncio.sleep(0.1)
+    assert sent == [0, 1, 2]
+    stream.close()  # the reader is gone: the blocked sender is released, later sends dropped
+    sender.join(2)
+    assert not sender.is_alive()
+    assert stream.cancelled
+
+
+async def test_nothing_is_sent_after_the_final_flag() -> None:
+    stream = ResponseStream()
+    stream.send(None, final=True)
+    with pytest.raises(RuntimeError, match="already sent"):
+        stream.send({"late": 1})
+    stream.end(ValueError("ignored"))  # the model finished first: the failure is nobody's
+    assert await stream.get() == (None, True)
+
+
+async def test_end_finishes_a_stream_with_an_error() -> None:
+    stream = ResponseStream()
+    stream.send({"a": 1})
+    error = ValueError("queue timeout")
+    stream.end(error)
+    assert await stream.get() == ({"a": 1}, False)
+    assert await stream.get() == (error, True)
