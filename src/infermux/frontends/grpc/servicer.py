@@ -162,9 +162,9 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
 
         A request gets one response, or, from a decoupled model, zero or more then a final
         flag: responses of one request leave in the order the model sent them. With the request
-        parameter ``triton_enable_empty_final_response`` true, every response carries Triton's
-        ``triton_final_response`` parameter and a final flag that came without outputs is sent
-        as an empty response; otherwise such a flag sends nothing.
+        parameter ``triton_enable_empty_final_response`` true, a final flag that came without
+        outputs is sent as an empty response; otherwise such a flag sends nothing. As in
+        Triton's stream handler, every response sent carries ``triton_final_response``.
 
         Memory is bounded twice. At most ``stream_in_flight`` requests are read and not yet
         finished: past that, the stream is not read until a request's last response has been
@@ -255,11 +255,11 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
             async for response in self._dp.infer_stream(request):
                 final = response.final
                 if response.error is not None:
-                    yield _stream_error(message, response.error.message, final, flagged), final
+                    yield _stream_error(message, response.error.message, final), final
                 elif not response.flag_only or flagged:
                     encoded = codec.encode_infer_response(response)
-                    if flagged:
-                        encoded.parameters[FINAL_PARAMETER].bool_param = final
+                    # As Triton's stream handler: on every response it writes, whatever the option.
+                    encoded.parameters[FINAL_PARAMETER].bool_param = final
                     yield service_pb2.ModelStreamInferResponse(infer_response=encoded), final
                 else:
                     yield None, True  # the flag alone: nothing to send, the request is over
@@ -269,7 +269,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
             else:
                 logger.exception("unhandled error in a gRPC stream request")
                 error = f"internal error: {exc}"
-            yield _stream_error(message, error, True, flagged), True
+            yield _stream_error(message, error, True), True
 
     # -- repository -------------------------------------------------------------------------------
 
@@ -368,14 +368,13 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         return response
 
 
-def _stream_error(message: Message, error: str, final: bool, flagged: bool) -> Message:
+def _stream_error(message: Message, error: str, final: bool) -> Message:
     """A failed response; it echoes the request's id so that the client can tell which of its
     requests failed."""
     response = service_pb2.ModelInferResponse(
         id=message.id, model_name=message.model_name, model_version=message.model_version
     )
-    if flagged:
-        response.parameters[FINAL_PARAMETER].bool_param = final
+    response.parameters[FINAL_PARAMETER].bool_param = final
     return service_pb2.ModelStreamInferResponse(error_message=error, infer_response=response)
 
 

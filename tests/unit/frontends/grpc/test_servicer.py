@@ -349,8 +349,12 @@ async def test_a_stream_carries_many_responses_per_request_with_the_final_flag()
         True,
     ]
     assert len(a[3].infer_response.raw_output_contents) == 0  # the flag alone, sent empty
-    assert len(b) == 2  # the flag alone sends nothing; no response names the parameter
-    assert all("triton_final_response" not in m.infer_response.parameters for m in b)
+    assert len(b) == 2  # the flag alone sends nothing
+    # Every response sent says whether it is the last, with or without the option (as Triton).
+    assert [m.infer_response.parameters["triton_final_response"].bool_param for m in b] == [
+        False,
+        False,
+    ]
     assert "triton_enable_empty_final_response" not in a[0].infer_response.parameters
 
 
