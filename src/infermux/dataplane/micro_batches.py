@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TypeVar
 
 from infermux.errors import InfermuxError, InternalError
@@ -27,16 +26,7 @@ from infermux.types import (
     numpy_dtype,
 )
 
-from .cuda_shared_memory import CudaSharedMemoryRegistry
-from .shared_memory import SharedMemoryRegistry
-
-
-@dataclass(frozen=True, slots=True)
-class Regions:
-    """The data plane's shared-memory registries, system and CUDA."""
-
-    shm: SharedMemoryRegistry
-    cuda: CudaSharedMemoryRegistry
+from .regions import Regions
 
 
 class Ungroupable(Exception):

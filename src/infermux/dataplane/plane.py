@@ -14,7 +14,6 @@ from typing import Any
 
 from infermux.backends.base import ModelRequest
 from infermux.errors import (
-    ErrorCode,
     FailureReason,
     InfermuxError,
     InvalidArgumentError,
@@ -24,15 +23,13 @@ from infermux.ipc.arena import Block
 from infermux.model_config import ModelConfig
 from infermux.observability.logs import log_settings, update_log_settings
 from infermux.observability.tracing import TRACING
-from infermux.repository import LoadedModel, ModelRepository
+from infermux.repository import ModelRepository
 from infermux.routing.policy import parse_policy
 from infermux.routing.router import Route, Router, TrafficReport
 from infermux.routing.shadow import ShadowRuns, copied
 from infermux.scheduling.base import Completion
 from infermux.types import (
-    SHM_REGION,
     CudaSharedMemoryRegion,
-    DeviceArray,
     InferRequest,
     InferResponse,
     ModelMetadata,
@@ -41,9 +38,7 @@ from infermux.types import (
     RequestedOutput,
     ServerMetadata,
     SharedMemoryRegion,
-    Tensor,
     TensorMetadata,
-    uses_shared_memory,
 )
 
 from . import streams
@@ -51,7 +46,6 @@ from .classification import classified, wanted_classes
 from .cuda_shared_memory import CudaSharedMemoryRegistry
 from .inputs import InputLimits, to_model_request
 from .micro_batches import (
-    Regions,
     Ungroupable,
     check_output_regions,
     per_request,
@@ -60,6 +54,7 @@ from .micro_batches import (
     ungroupable,
 )
 from .outcomes import failed, succeeded
+from .regions import Regions
 from .shared_memory import SharedMemoryRegistry
 
 logger = logging.getLogger(__name__)
@@ -164,7 +159,9 @@ class DataPlane:
         try:
             try:
                 classes = wanted_classes(model.config, request.outputs) if request.outputs else {}
-                device = self._read_shared_memory(model, request, staged)
+                device = self._regions.read_inputs(
+                    request, staged, on_device=model.accepts_device_inputs
+                )
                 model_request = to_model_request(model.config, request, device, self._limits)
             except InfermuxError as exc:
                 failed(model, request, started, exc.reason, exc)
@@ -176,7 +173,7 @@ class DataPlane:
                     response.outputs = classified(
                         response.outputs, classes, batched=batched, labels=model.labels
                     )
-                response.outputs = self._place_outputs(request, response.outputs)
+                response.outputs = self._regions.place_outputs(request, response.outputs)
                 if staged:
                     response.outputs = self._shm.unstaged(response.outputs)
                 yield response
@@ -255,7 +252,9 @@ class DataPlane:
         staged: list[Block] = []  # shared-memory inputs read into the staging arena
         try:
             classes = wanted_classes(model.config, request.outputs) if request.outputs else {}
-            device = self._read_shared_memory(model, request, staged)
+            device = self._regions.read_inputs(
+                request, staged, on_device=model.accepts_device_inputs
+            )
             model_request = to_model_request(model.config, request, device, self._limits)
             if TRACING.tracer is not None:
                 TRACING.annotate_request(model_request.batch_size)
@@ -264,7 +263,7 @@ class DataPlane:
             if classes:
                 batched = model.config.batching
                 outputs = classified(outputs, classes, batched=batched, labels=model.labels)
-            outputs = self._place_outputs(request, outputs)
+            outputs = self._regions.place_outputs(request, outputs)
             if staged:
                 outputs = self._shm.unstaged(outputs)
         except InfermuxError as exc:
@@ -288,26 +287,6 @@ class DataPlane:
             id=request.id,
         )
 
-    def _read_shared_memory(
-        self, model: LoadedModel, request: InferRequest, staged: list[Block]
-    ) -> dict[str, DeviceArray]:
-        """Give every input placed in a client's shared memory its data: system regions are
-        read into ``staged`` blocks, CUDA regions stay on the device (returned by input name)
-        for backends that read them there."""
-        device: dict[str, DeviceArray] = {}
-        for tensor in request.inputs:
-            if not uses_shared_memory(tensor.parameters):
-                continue
-            if self._cuda.has(str(tensor.parameters.get(SHM_REGION, ""))):
-                data = self._cuda.read(tensor, on_device=model.accepts_device_inputs)
-                if isinstance(data, DeviceArray):
-                    device[tensor.name] = data
-                else:
-                    tensor.data = data
-            else:
-                tensor.data = self._shm.read(tensor, staged)
-        return device
-
     async def _schedule(self, route: Route, model_request: ModelRequest) -> Completion:
         """The model's scheduler runs the request; a shadow of it, when the route has one,
         runs after it and is compared with its answer."""
@@ -319,21 +298,6 @@ class DataPlane:
         done = await scheduler.submit(model_request)
         self._shadows.start(route.shadow, copy, done.outputs, time.perf_counter_ns() - submitted)
         return done
-
-    def _place_outputs(self, request: InferRequest, outputs: list[Tensor]) -> list[Tensor]:
-        wanted = {o.name: o.parameters for o in request.outputs if uses_shared_memory(o.parameters)}
-        if not wanted:
-            return outputs
-        placed = []
-        for tensor in outputs:
-            parameters = wanted.get(tensor.name)
-            if parameters is None:
-                placed.append(tensor)
-            elif self._cuda.has(str(parameters.get(SHM_REGION, ""))):
-                placed.append(self._cuda.write(tensor, parameters))
-            else:
-                placed.append(self._shm.write(tensor, parameters))
-        return placed
 
     # -- statistics -------------------------------------------------------------------------------
 
@@ -353,7 +317,7 @@ class DataPlane:
     # -- system shared memory ---------------------------------------------------------------------
 
     async def shm_register(self, name: str, key: str, offset: int, byte_size: int) -> None:
-        self._check_free(name, self._cuda.has(name))
+        self._regions.check_free(name, cuda=False)
         self._shm.register(name, key, offset, byte_size)
 
     async def shm_unregister(self, name: str = "") -> None:
@@ -374,16 +338,8 @@ class DataPlane:
     async def cuda_shm_register(
         self, name: str, raw_handle: bytes, device_id: int, byte_size: int
     ) -> None:
-        self._check_free(name, self._shm.has(name))
+        self._regions.check_free(name, cuda=True)
         self._cuda.register(name, raw_handle, device_id, byte_size)
-
-    @staticmethod
-    def _check_free(name: str, taken: bool) -> None:
-        # System and CUDA regions share one namespace, as in Triton: an input names only a region.
-        if taken:
-            raise InfermuxError(
-                f"shared memory region '{name}' is already registered", ErrorCode.ALREADY_EXISTS
-            )
 
     async def cuda_shm_unregister(self, name: str = "") -> None:
         self._cuda.unregister(name)
