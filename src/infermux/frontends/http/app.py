@@ -19,7 +19,7 @@ from typing import Any
 from infermux.dataplane import Operations
 from infermux.errors import InfermuxError, InvalidArgumentError
 from infermux.frontends.access import OPEN, Access, Denied, Kind
-from infermux.frontends.http import codec, documents, traffic
+from infermux.frontends.http import codec, documents, generate_routes, traffic
 from infermux.frontends.http.transport import (
     JSON_TYPE,
     HttpError,
@@ -29,6 +29,7 @@ from infermux.frontends.http.transport import (
     Scope,
     Send,
     send_reply,
+    send_streamed,
 )
 from infermux.frontends.model_first import unknown_model_first
 from infermux.observability import tracing
@@ -86,7 +87,8 @@ class HttpApp:
             (traffic.PATTERN, self._traffic, _changes_traffic),
             (
                 re.compile(
-                    r"^/v2/models/([^/]+)(?:/versions/([0-9]+))?(?:/(infer|ready|config|stats))?$"
+                    r"^/v2/models/([^/]+)(?:/versions/([0-9]+))?"
+                    r"(?:/(infer|ready|config|stats|generate|generate_stream))?$"
                 ),
                 self._model,
                 inference,
@@ -135,6 +137,9 @@ class HttpApp:
         except Exception as exc:
             logger.exception("unhandled error serving %s %s", request.method, request.path)
             reply = Reply.error(500, f"internal error: {exc}")
+        if reply.events is not None:
+            await send_streamed(send, reply, request)
+            return
         await send_reply(send, reply, request.headers.get("accept-encoding", ""))
 
     async def _dispatch(self, request: Request) -> Reply:
@@ -178,6 +183,12 @@ class HttpApp:
         if action == "infer":
             request.allow("POST")
             return await self._infer(request, name, version)
+        if action == "generate":
+            request.allow("POST")
+            return await generate_routes.handle_generate(self._dp, request, name, version)
+        if action == "generate_stream":
+            request.allow("POST")
+            return await generate_routes.handle_stream(self._dp, request, name, version)
         request.allow("GET")
         if action == "ready":
             if await dp.model_ready(name, version):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import zlib
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -45,6 +45,9 @@ class Reply:
     body: bytes = b""
     headers: list[tuple[bytes, bytes]] = field(default_factory=list)
     compressible: bool = False
+    events: AsyncIterator[bytes] | None = None
+    """A streamed body (server-sent events) sent after ``body``, chunk by chunk, as it comes:
+    see :func:`send_streamed`."""
 
     @classmethod
     def json(cls, doc: Any) -> Reply:
@@ -129,6 +132,10 @@ class Request:
             raise HttpError(499, "client disconnected before the response was ready")
         return task.result()
 
+    async def disconnected(self) -> None:
+        """Return once the client has gone (call it after the whole body was read)."""
+        await self._disconnected()
+
     async def _disconnected(self) -> None:
         # After the whole body was read, the server's next message is the disconnect.
         while (await self.receive())["type"] != "http.disconnect":
@@ -186,3 +193,32 @@ async def send_reply(send: Send, reply: Reply, accept_encoding: str) -> None:
     headers.append((b"content-length", str(len(body)).encode()))
     await send({"type": "http.response.start", "status": reply.status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
+
+
+async def send_streamed(send: Send, reply: Reply, request: Request) -> None:
+    """Send a reply whose body streams from ``reply.events``. A client that disconnects stops
+    the stream: the iterator is closed at once (which gives its request up), not drained."""
+    events = reply.events
+    if events is None:
+        raise ValueError("send_streamed needs a reply with events")
+    await send({"type": "http.response.start", "status": reply.status, "headers": reply.headers})
+    pump = asyncio.ensure_future(_pump(send, reply.body, events))
+    watcher = asyncio.ensure_future(request.disconnected())
+    try:
+        await asyncio.wait((pump, watcher), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (pump, watcher):
+            task.cancel()
+        await asyncio.gather(pump, watcher, return_exceptions=True)
+        aclose = getattr(events, "aclose", None)
+        if aclose is not None:
+            await aclose()
+    if pump.done() and not pump.cancelled() and pump.exception() is None:
+        await send({"type": "http.response.body", "body": b""})
+
+
+async def _pump(send: Send, first: bytes, events: AsyncIterator[bytes]) -> None:
+    if first:
+        await send({"type": "http.response.body", "body": first, "more_body": True})
+    async for chunk in events:
+        await send({"type": "http.response.body", "body": chunk, "more_body": True})
