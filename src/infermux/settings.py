@@ -185,6 +185,10 @@ class ServerSettings:
     model_load_threads: int = DEFAULT_MODEL_LOAD_THREADS
     """Models loaded at once (``--model-load-thread-count``)."""
     exit_on_error: bool = False
+    auto_complete_config: bool = True
+    """Let a backend complete a model's config from the model before it is validated (a Triton
+    Python model's ``auto_complete_config``); off with ``--disable-auto-complete-config`` or
+    ``--strict-model-config=true``, as in Triton."""
     """Stop at start-up when a model fails to load (``--exit-on-error``); by default the
     models that loaded are served and the failure is reported (log, index, readiness)."""
     strict_readiness: bool = True

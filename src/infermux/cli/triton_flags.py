@@ -198,11 +198,11 @@ def add_triton_arguments(serve: argparse.ArgumentParser) -> None:
     for flag in ("--http-address", "--grpc-address", "--metrics-address"):
         group.add_argument(flag, metavar="ADDR", help="the same as --host (one address for all)")
     add_bool(group, "--exit-on-error", False, "exit when a model fails to load at start-up")
-    add_bool(group, "--strict-model-config", None, "true: what infermux does (a config needed)")
+    add_bool(group, "--strict-model-config", None, "true: configs are not completed from the model")
     group.add_argument(
         "--disable-auto-complete-config",
         action="store_true",
-        help="what infermux does: model configs are never completed from the model",
+        help="configs are not completed from the model (auto_complete_config is not called)",
     )
     group.add_argument(
         "--model-load-thread-count",
@@ -253,14 +253,14 @@ def triton_settings(args: argparse.Namespace, error: Error) -> tuple[dict[str, A
         if spec.action == "refuse":
             error(f"{spec.flag} {values}: not supported: {spec.why}")
         warnings.append(f"{spec.flag} {values} is tritonserver's and has no effect: {spec.why}")
-    if args.strict_model_config is False and not args.disable_auto_complete_config:
-        warnings.append(
-            "--strict-model-config false has no effect: model configs are never completed "
-            "from the model, so every model needs its inputs and outputs in its config"
-        )
     fields.update(_grpc_tls(args, error, warnings))
     fields.update(
         exit_on_error=args.exit_on_error,
+        # As in Triton: either flag turns completion off; --strict-model-config=false (or
+        # nothing) leaves it on.
+        auto_complete_config=not (
+            args.disable_auto_complete_config or args.strict_model_config is True
+        ),
         model_load_threads=args.model_load_thread_count,
         log_file=args.log_file,
         log_info=args.log_info,

@@ -69,6 +69,7 @@ def build_repository(
         execution_timeout_ms=settings.execution_timeout_ms,
         load_concurrency=settings.model_load_threads,
         exit_on_error=settings.exit_on_error,
+        auto_complete=settings.auto_complete_config,
         decoupled_refused=decoupled_refused,
     )
 

@@ -58,6 +58,7 @@ class ModelRepository:
         execution_timeout_ms: int = 0,
         load_concurrency: int = LOAD_CONCURRENCY,
         exit_on_error: bool = False,
+        auto_complete: bool = True,
         server: ServerCalls | None = None,
         decoupled_refused: str = "",
     ) -> None:
@@ -76,6 +77,8 @@ class ModelRepository:
         self._entries: dict[str, Entry] = {}
         self._limit = asyncio.Semaphore(load_concurrency)
         self._exit_on_error = exit_on_error  # a failed start-up load fails start()
+        # Backends may complete configs from the model (off: --disable-auto-complete-config).
+        self._complete = registry.complete_config if auto_complete else None
         self._poller: asyncio.Task[None] | None = None
 
     @property
@@ -359,7 +362,7 @@ class ModelRepository:
                 load_model_config,
                 path,
                 config_override,
-                self._registry.complete_config,
+                self._complete,
                 name=name,
             )
             self._registry.get(config)  # an unknown platform or backend fails the whole load

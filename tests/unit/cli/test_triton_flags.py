@@ -26,9 +26,6 @@ from infermux.cli.triton_flags import FOREIGN
         (["--log-verbose=true"], ["--log-verbose", "1"]),
         (["--log-verbose", "false"], []),
         (["--model-control-mode=EXPLICIT"], ["--model-control-mode", "explicit"]),
-        (["--strict-model-config=true"], []),
-        (["--disable-auto-complete-config"], []),
-        (["--strict-model-config=false", "--disable-auto-complete-config"], []),
         (["--exit-on-error=false"], []),
         (["--reuse-http-port=false", "--allow-cpu-metrics=0", "--rate-limit=off"], []),
         (["--model-namespacing=false", "--grpc-use-ssl-mutual=false"], []),
@@ -46,6 +43,24 @@ def test_mapped_flags_land_in_the_same_settings(
 
     settings, warnings = parse_serve(fill(triton))
     assert settings == parse_settings(fill(own))
+    assert warnings == []
+
+
+@pytest.mark.parametrize(
+    ("argv", "completes"),
+    [
+        ([], True),
+        (["--strict-model-config=false"], True),
+        (["--strict-model-config=true"], False),
+        (["--disable-auto-complete-config"], False),
+        (["--strict-model-config=false", "--disable-auto-complete-config"], False),
+    ],
+)
+def test_auto_complete_flags_mean_what_they_mean_in_triton(
+    argv: list[str], completes: bool
+) -> None:
+    settings, warnings = parse_serve(argv)
+    assert settings.auto_complete_config is completes
     assert warnings == []
 
 
@@ -176,7 +191,6 @@ def test_a_repeated_flag_is_still_one_line() -> None:
 @pytest.mark.parametrize(
     ("argv", "named"),
     [
-        (["--strict-model-config=false"], "--strict-model-config false"),
         (["--grpc-server-cert", "c.pem"], "--grpc-server-cert c.pem"),
         (["--grpc-root-cert=ca.pem"], "--grpc-root-cert ca.pem"),
         (

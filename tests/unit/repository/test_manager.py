@@ -311,3 +311,31 @@ async def test_an_unloaded_model_is_collected_at_once(tmp_path: Path) -> None:
     finally:
         gc.enable()
         await repository.close()
+
+
+COMPLETING = """
+class TritonPythonModel:
+    @staticmethod
+    def auto_complete_config(config):
+        config.add_input({"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [2]})
+        config.add_output({"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [2]})
+        return config
+
+    def execute(self, requests):
+        return []
+"""
+
+
+@pytest.mark.parametrize("auto_complete", [True, False])
+async def test_auto_complete_can_be_turned_off(tmp_path: Path, auto_complete: bool) -> None:
+    # --disable-auto-complete-config / --strict-model-config=true: the config is taken as it is.
+    (tmp_path / "m" / "1").mkdir(parents=True)
+    (tmp_path / "m" / "config.pbtxt").write_text('backend: "python"\n')
+    (tmp_path / "m" / "1" / "model.py").write_text(COMPLETING)
+    repository = ModelRepository([tmp_path], BackendRegistry(), auto_complete=auto_complete)
+    await repository.start()
+    try:
+        inputs = [t.name for t in repository.get("m").config.inputs]
+        assert inputs == (["INPUT0"] if auto_complete else [])  # as the file says, when off
+    finally:
+        await repository.close()
