@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import multiprocessing
+import multiprocessing.popen_spawn_posix  # eagerly: see below
 import signal
 import threading
 import time
@@ -25,6 +26,11 @@ from infermux.backends import python_worker
 from infermux.backends.base import ExecuteResult, ModelContext, ModelRequest
 from infermux.backends.python_worker import RemoteFailure
 from infermux.errors import ErrorCode, InfermuxError, ModelLoadError, UnavailableError
+
+# multiprocessing.popen_spawn_posix is imported above, with this module, not lazily by the first
+# Process.start() on an instance thread: two isolated instances starting at once on two loader
+# threads raced that import once in CI ("Can't pickle <class 'multiprocessing.popen_spawn_posix.
+# _DupFd'>: it's not the same object").
 
 logger = logging.getLogger(__name__)
 
