@@ -254,6 +254,7 @@ TRITON_2_51 = {
         "once": [{"error": None, "outputs": {"SUM": [9]}}],
         "errors": ERRORS_2_51,
         "missing": [True],
+        "from_thread": SQUARE_3,
     },
     -1: {
         "type": "ResponseIterator",

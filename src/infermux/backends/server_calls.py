@@ -14,6 +14,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import threading
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from infermux.errors import UnavailableError
@@ -47,8 +48,11 @@ class ServerCalls:
         self._stream = stream
 
     def serve_on(self, loop: asyncio.AbstractEventLoop) -> None:
-        """The event loop ``infer`` runs on (the one the repository loads models from)."""
+        """The event loop ``infer`` runs on (the one the repository loads models from). From
+        now on this is the server of threads that have none set (:func:`current`)."""
+        global _serving  # noqa: PLW0603  (one server per process; a later one replaces it)
         self._loop = loop
+        _serving = weakref.ref(self)
 
     def infer(self, request: InferRequest) -> InferResponse:
         """Run ``request`` and wait for its answer; called from a model's thread, never from the
@@ -209,13 +213,17 @@ def _running_loop() -> asyncio.AbstractEventLoop | None:
 
 
 _current = threading.local()
+_serving: weakref.ref[ServerCalls] | None = None  # the process's server, once it serves
 
 
 def current() -> ServerCalls | None:
-    """The server of the model running on this thread (None outside a model's call, or in a
-    worker process of its own: ``isolation: process``)."""
-    calls: ServerCalls | None = getattr(_current, "calls", None)
-    return calls
+    """The server of the model running on this thread: the one its instance set, or, on a
+    thread the model started itself (a decoupled model's sender, say), the server this process
+    runs. None in a worker process of its own (``isolation: process``) or where set so."""
+    if hasattr(_current, "calls"):
+        calls: ServerCalls | None = _current.calls
+        return calls
+    return _serving() if _serving is not None else None
 
 
 def set_current(calls: ServerCalls | None) -> ServerCalls | None:

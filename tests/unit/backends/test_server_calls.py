@@ -52,15 +52,27 @@ def test_nothing_attached_is_unavailable() -> None:
         ServerCalls().infer(a_request())
 
 
-def test_the_current_server_is_per_thread() -> None:
+def test_the_current_server_is_per_thread_else_the_one_this_process_serves() -> None:
     calls = ServerCalls()
     previous = set_current(calls)
     seen: list[ServerCalls | None] = []
-    thread = threading.Thread(target=lambda: seen.append(current()))
-    thread.start()
-    thread.join()
+
+    def look(explicit: bool) -> None:
+        if explicit:
+            set_current(None)  # as in a worker process of its own
+        seen.append(current())
+
+    serving = ServerCalls()
+    loop = asyncio.new_event_loop()
+    serving.serve_on(loop)
+    for explicit in (False, True):
+        thread = threading.Thread(target=look, args=(explicit,))
+        thread.start()
+        thread.join()
+    loop.close()
     assert current() is calls
-    assert seen == [None]
+    # A thread the model started finds the server; one told it has none, none.
+    assert seen == [serving, None]
     set_current(previous)
 
 

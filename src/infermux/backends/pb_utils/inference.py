@@ -181,8 +181,8 @@ class InferenceRequest:
         calls = server_calls.current()
         if calls is None:
             raise TritonModelException(
-                "this model cannot call other models here: BLS runs from initialize() or "
-                "execute() of a model loaded in the server process (not isolation: process)"
+                "this model cannot call other models here: BLS runs in the server's process "
+                "(not isolation: process)"
             )
         version = "" if self._model_version < 0 else str(self._model_version)
         inputs = []

@@ -1,13 +1,14 @@
 """bls_probe (not one of Triton's examples): what BLS calls give back, reported as JSON in
 REPORT, so that a test compares infermux's answers with those real Triton gave: each response
-of a decoupled call (outputs, error code), a second iteration, a single-response
-call on a decoupled model, a decoupled call on a model that answers once, on an unknown model,
-and on a stream with a failure in it; then the same through async_exec in an async execute
-(for IN = [-1]).
+of a decoupled call (outputs, error code), a second iteration, a single-response call on a
+decoupled model, a decoupled call on a model that answers once, on an unknown model, on a
+stream with a failure in it, and from a thread of the model's; for IN = [-1], the same
+through async_exec in an async execute.
 """
 
 import asyncio
 import json
+import threading
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -64,6 +65,13 @@ class TritonPythonModel:
         }
         missing = list(call("no_such_model", [count], ["OUT"]).exec(decoupled=True))
         report["missing"] = [r.has_error() for r in missing]
+        # From a thread the model started, as a decoupled model's sender thread would call.
+        seen = []
+        stream = call("square_int32", [count], ["OUT"])
+        worker = threading.Thread(target=lambda: seen.extend(stream.exec(decoupled=True)))
+        worker.start()
+        worker.join()
+        report["from_thread"] = [describe(r) for r in seen]
         return report
 
     async def async_report(self):
