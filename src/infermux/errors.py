@@ -84,6 +84,16 @@ class UnsupportedError(InfermuxError):
     code = ErrorCode.UNSUPPORTED
 
 
+class DecoupledModelError(UnsupportedError):
+    """A single-response call reached a decoupled model, whose answers only a stream carries.
+    Typed so that a caller can say how to stream from where it stands (a model's BLS call
+    names ``exec(decoupled=True)``; a client, gRPC ModelStreamInfer)."""
+
+    def __init__(self, message: str, model: str) -> None:
+        super().__init__(message)
+        self.model = model
+
+
 class InternalError(InfermuxError):
     """Something failed inside the server or the model, not because of the request."""
 

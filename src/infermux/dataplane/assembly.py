@@ -91,5 +91,5 @@ def build_dataplane(settings: ServerSettings, repository: ModelRepository) -> Da
         ),
         limits=InputLimits(settings.max_input_elements, settings.max_bytes_element_size),
     )
-    repository.server.attach(plane.infer)
+    repository.server.attach(plane.infer, plane.infer_stream)
     return plane

@@ -14,10 +14,10 @@ from typing import Any
 
 from infermux.backends.base import ModelRequest
 from infermux.errors import (
+    DecoupledModelError,
     FailureReason,
     InfermuxError,
     InvalidArgumentError,
-    UnsupportedError,
 )
 from infermux.ipc.arena import Block
 from infermux.model_config import ModelConfig
@@ -141,7 +141,8 @@ class DataPlane:
         started = time.perf_counter_ns()
         route = self.router.route(request)
         if route.model.config.decoupled:
-            raise UnsupportedError(streams.decoupled_refusal(route.model.name))
+            name = route.model.name
+            raise DecoupledModelError(streams.decoupled_refusal(name), name)
         return await self._traced(route, request, started)
 
     async def infer_stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:

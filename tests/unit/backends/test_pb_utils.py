@@ -6,7 +6,7 @@ import asyncio
 import json
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import numpy as np
 import pytest
@@ -14,7 +14,13 @@ import pytest
 from infermux.backends import pb_utils, server_calls
 from infermux.backends.pb_utils.custom_metrics import CUSTOM_METRICS, CustomMetrics
 from infermux.backends.server_calls import ServerCalls
-from infermux.errors import ErrorCode, InfermuxError, NotFoundError
+from infermux.errors import (
+    DecoupledModelError,
+    ErrorCode,
+    InfermuxError,
+    InternalError,
+    NotFoundError,
+)
 from infermux.types import InferRequest, InferResponse, Tensor
 
 
@@ -156,23 +162,44 @@ def test_auto_complete_config_fills_and_checks() -> None:
 
 
 @pytest.fixture
-def server() -> Iterator[ServerCalls]:
+def seen() -> list[InferRequest]:
+    """The requests the server below received."""
+    return []
+
+
+@pytest.fixture
+def server(seen: list[InferRequest]) -> Iterator[ServerCalls]:
     """A server loop on another thread answering with INPUT doubled, or NOT_FOUND."""
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
-    seen: list[InferRequest] = []
 
     async def infer(request: InferRequest) -> InferResponse:
         seen.append(request)
+        if request.model_name == "square":
+            raise DecoupledModelError("model 'square' is decoupled", "square")
         if request.model_name != "double":
             raise NotFoundError(f"no model '{request.model_name}'")
         data = request.inputs[0].data * 2
         out = Tensor("OUT", request.inputs[0].datatype, request.inputs[0].shape, data)
         return InferResponse(request.model_name, "1", [out])
 
+    async def stream(request: InferRequest) -> AsyncIterator[InferResponse]:
+        # "square": IN[0] responses of OUT=IN (a negative value: an error between two), then
+        # the final flag alone, as Triton's square_int32 example; the others answer once.
+        if request.model_name != "square":
+            yield await infer(request)
+            return
+        value = int(request.inputs[0].data[0])
+        for i in range(abs(value)):
+            if value < 0 and i == 1:
+                yield InferResponse("square", "1", [], final=False, error=InternalError("odd"))
+            out = Tensor("OUT", "INT32", (1,), np.array([value], np.int32))
+            yield InferResponse("square", "1", [out], final=False)
+        yield InferResponse("square", "1", [], final=True, flag_only=True)
+
     calls = ServerCalls()
-    calls.attach(infer)
+    calls.attach(infer, stream)
     calls.serve_on(loop)
     previous = server_calls.set_current(calls)
     yield calls
@@ -226,6 +253,106 @@ def test_exec_outside_a_server_says_why() -> None:
             bls("double", np.ones(1)).exec()
     finally:
         server_calls.set_current(previous)
+
+
+def outs(responses: pb_utils.ResponseIterator) -> list[int | None]:
+    """OUT of each response (None: an empty one, -1: a failed one)."""
+    got: list[int | None] = []
+    for response in responses:
+        if response.has_error():
+            got.append(-1)
+        elif response.output_tensors():
+            got.append(int(response.output_tensors()[0].as_numpy()[0]))
+        else:
+            got.append(None)
+    return got
+
+
+def test_decoupled_exec_yields_each_response_then_the_empty_final_one(server: ServerCalls) -> None:
+    responses = bls("square", np.array([3], np.int32)).exec(decoupled=True)
+    assert outs(responses) == [3, 3, 3, None]
+    assert outs(responses) == [3, 3, 3, None]  # iterating again replays them, as in Triton
+    assert outs(bls("square", np.array([0], np.int32)).exec(decoupled=True)) == [None]
+
+
+def test_decoupled_exec_errors_are_responses_and_the_stream_goes_on(server: ServerCalls) -> None:
+    assert outs(bls("square", np.array([-2], np.int32)).exec(decoupled=True)) == [-2, -1, -2, None]
+    failed = list(bls("missing", np.zeros(1)).exec(decoupled=True))
+    assert len(failed) == 1
+    error = failed[0].error()
+    assert error is not None
+    assert error.code() == pb_utils.TritonError.NOT_FOUND
+
+
+def test_decoupled_exec_on_a_model_that_answers_once_yields_that_answer(
+    server: ServerCalls,
+) -> None:
+    (response,) = list(bls("double", np.ones(2, np.float32)).exec(decoupled=True))
+    np.testing.assert_array_equal(response.output_tensors()[0].as_numpy(), [2, 2])
+
+
+def test_exec_on_a_decoupled_model_without_decoupled_says_how(server: ServerCalls) -> None:
+    response = bls("square", np.array([2], np.int32)).exec()
+    error = response.error()
+    assert error is not None
+    assert error.code() == pb_utils.TritonError.UNSUPPORTED
+    assert "exec(decoupled=True)" in error.message()
+
+
+def test_async_exec_decoupled_reads_with_for_and_async_for(server: ServerCalls) -> None:
+    async def both() -> tuple[list[int | None], list[int | None]]:
+        first, second = await asyncio.gather(
+            bls("square", np.array([2], np.int32)).async_exec(decoupled=True),
+            bls("square", np.array([1], np.int32)).async_exec(decoupled=True),
+        )
+        streamed = [
+            int(r.output_tensors()[0].as_numpy()[0]) if r.output_tensors() else None
+            async for r in second
+        ]
+        return outs(first), streamed
+
+    assert asyncio.run(both()) == ([2, 2, None], [1, None])
+
+
+def test_cancel_ends_the_iteration(server: ServerCalls) -> None:
+    responses = bls("square", np.array([5], np.int32)).exec(decoupled=True)
+    assert next(responses).output_tensors()
+    responses.cancel()
+    with pytest.raises(StopIteration):
+        next(responses)
+    assert outs(responses) == [5]  # a new iteration replays what was read
+
+
+def test_timeout_and_sequence_travel_as_a_clients_request_parameters(
+    server: ServerCalls, seen: list[InferRequest]
+) -> None:
+    bls("double", np.ones(1)).exec()
+    assert seen[-1].parameters == {}
+    request = pb_utils.InferenceRequest(
+        model_name="double",
+        inputs=[pb_utils.Tensor("IN", np.ones(1))],
+        requested_output_names=["OUT"],
+        correlation_id=7,
+        flags=pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START,
+        timeout=2500,
+        parameters={"k": "v"},
+    )
+    request.exec()
+    assert seen[-1].parameters == {
+        "k": "v",
+        "timeout": 2500,
+        "sequence_id": 7,
+        "sequence_start": True,
+    }
+
+
+def test_using_decoupled_model_transaction_policy() -> None:
+    decoupled = {"model_transaction_policy": {"decoupled": True}}
+    assert pb_utils.using_decoupled_model_transaction_policy(decoupled)
+    assert not pb_utils.using_decoupled_model_transaction_policy({})
+    assert not pb_utils.using_decoupled_model_transaction_policy(
+        {"model_transaction_policy": {"decoupled": False}}
+    )
 
 
 # -- custom metrics -----------------------------------------------------------------------------

@@ -19,7 +19,6 @@ from infermux.backends.pb_utils.inference import (
     TRITONSERVER_REQUEST_FLAG_SEQUENCE_START,
     TRITONSERVER_RESPONSE_COMPLETE_FINAL,
     InferenceRequest,
-    InferenceResponse,
     InferenceResponseSender,
 )
 from infermux.backends.pb_utils.logger import Logger, LogLevel
@@ -29,7 +28,10 @@ from infermux.backends.pb_utils.model_config import (
     get_input_config_by_name,
     get_output_config_by_name,
     triton_string_to_numpy,
+    using_decoupled_model_transaction_policy,
 )
+from infermux.backends.pb_utils.response import InferenceResponse
+from infermux.backends.pb_utils.response_iterator import ResponseIterator
 from infermux.backends.pb_utils.tensor import Tensor
 
 MODULE_NAME = "triton_python_backend_utils"
@@ -68,6 +70,7 @@ __all__ = [
     "Metric",
     "MetricFamily",
     "ModelConfig",
+    "ResponseIterator",
     "Tensor",
     "TritonError",
     "TritonModelException",
@@ -76,4 +79,5 @@ __all__ = [
     "get_output_config_by_name",
     "get_output_tensor_by_name",
     "triton_string_to_numpy",
+    "using_decoupled_model_transaction_policy",
 ]

@@ -1,65 +1,36 @@
-"""``pb_utils.InferenceRequest`` and ``pb_utils.InferenceResponse``.
+"""``pb_utils.InferenceRequest`` and ``pb_utils.InferenceResponseSender``.
 
 A request is what ``execute`` receives (one per client request, its inputs the request's own
 arrays), and also what a model builds to call another model (BLS): ``exec()`` from ``execute``,
 ``await async_exec()`` from an ``async def execute``. Such a call goes through the server's data
 plane like a client's request (:mod:`infermux.backends.server_calls`); its failure comes back as
-a response whose ``has_error()`` is true, not as an exception.
+a response whose ``has_error()`` is true, not as an exception. With ``decoupled=True`` the call
+reads a stream of responses (:mod:`.response_iterator`), which a decoupled target requires.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
+from typing import Literal, overload
 
 from infermux.backends import server_calls
 from infermux.backends.pb_utils.errors import TritonError, TritonModelException
-from infermux.backends.pb_utils.tensor import Tensor
-from infermux.errors import InfermuxError
-from infermux.types import (
-    InferRequest,
-    InferResponse,
-    Parameter,
-    RequestedOutput,
-    datatype_of,
+from infermux.backends.pb_utils.response import (
+    InferenceResponse,
+    failure,
+    parameters_json,
+    response_of,
 )
+from infermux.backends.pb_utils.response_iterator import ResponseIterator
+from infermux.backends.pb_utils.tensor import Tensor
+from infermux.errors import DecoupledModelError, InfermuxError
+from infermux.types import InferRequest, Parameter, RequestedOutput, datatype_of
 from infermux.types import Tensor as WireTensor
 
 TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
-
-
-class InferenceResponse:
-    """``InferenceResponse(output_tensors=[...], error=None)``: one request's answer."""
-
-    def __init__(
-        self,
-        output_tensors: Sequence[Tensor] | None = None,
-        error: TritonError | None = None,
-        parameters: dict[str, Parameter] | str | None = None,
-    ) -> None:
-        if output_tensors is None:
-            output_tensors = []
-        if not isinstance(output_tensors, (list, tuple)):
-            raise TritonModelException('"output_tensors" must be a list.')
-        if error is not None and not isinstance(error, TritonError):
-            raise TritonModelException('"error" must be a TritonError.')
-        self._outputs = list(output_tensors)
-        self._error = error
-        self._parameters = _parameters_json(parameters)
-
-    def output_tensors(self) -> list[Tensor]:
-        return self._outputs
-
-    def has_error(self) -> bool:
-        return self._error is not None
-
-    def error(self) -> TritonError | None:
-        return self._error
-
-    def parameters(self) -> str:
-        return self._parameters
 
 
 class InferenceResponseSender:
@@ -122,7 +93,7 @@ class InferenceRequest:
         self._model_version = model_version
         self._flags = flags
         self._timeout = timeout
-        self._parameters = _parameters_json(parameters)
+        self._parameters = parameters_json(parameters)
 
     def inputs(self) -> list[Tensor]:
         return self._inputs
@@ -161,32 +132,57 @@ class InferenceRequest:
             )
         return self._sender
 
-    def exec(self, decoupled: bool = False) -> InferenceResponse:
-        """Run this request on model ``model_name`` and wait for its answer (BLS)."""
-        calls, request = self._call(decoupled)
-        try:
-            return _response(calls.infer(request))
-        except InfermuxError as exc:
-            return InferenceResponse([], TritonError.of(exc))
+    @overload
+    def exec(self, decoupled: Literal[False] = False) -> InferenceResponse: ...
+    @overload
+    def exec(self, decoupled: Literal[True]) -> ResponseIterator: ...
+    @overload
+    def exec(self, decoupled: bool) -> InferenceResponse | ResponseIterator: ...
 
-    async def async_exec(self, decoupled: bool = False) -> InferenceResponse:
-        """``exec`` for an ``async def execute``: awaitable, so several calls can overlap."""
-        calls, request = self._call(decoupled)
-        try:
-            return _response(await calls.infer_async(request))
-        except InfermuxError as exc:
-            return InferenceResponse([], TritonError.of(exc))
-
-    def _call(self, decoupled: bool) -> tuple[server_calls.ServerCalls, InferRequest]:
+    def exec(self, decoupled: bool = False) -> InferenceResponse | ResponseIterator:
+        """Run this request on model ``model_name`` and wait for its answer (BLS); with
+        ``decoupled=True``, for its first response: the iterator yields the rest as they come."""
+        calls, request = self._call()
         if decoupled:
-            raise TritonModelException("decoupled BLS calls are not supported yet")
+            try:
+                responses = calls.stream(request)
+            except InfermuxError as exc:
+                return ResponseIterator(failure(exc), True, None)
+            return ResponseIterator.read(responses)
+        try:
+            return response_of(calls.infer(request))
+        except InfermuxError as exc:
+            return _failed(exc)
+
+    @overload
+    async def async_exec(self, decoupled: Literal[False] = False) -> InferenceResponse: ...
+    @overload
+    async def async_exec(self, decoupled: Literal[True]) -> ResponseIterator: ...
+    @overload
+    async def async_exec(self, decoupled: bool) -> InferenceResponse | ResponseIterator: ...
+
+    async def async_exec(self, decoupled: bool = False) -> InferenceResponse | ResponseIterator:
+        """``exec`` for an ``async def execute``: awaitable, so several calls can overlap."""
+        calls, request = self._call()
+        if decoupled:
+            try:
+                responses = calls.stream(request)
+            except InfermuxError as exc:
+                return ResponseIterator(failure(exc), True, None)
+            return await ResponseIterator.aread(responses)
+        try:
+            return response_of(await calls.infer_async(request))
+        except InfermuxError as exc:
+            return _failed(exc)
+
+    def _call(self) -> tuple[server_calls.ServerCalls, InferRequest]:
         if not self._model_name:
             raise TritonModelException("InferenceRequest.exec() needs model_name")
         calls = server_calls.current()
         if calls is None:
             raise TritonModelException(
-                "this model cannot call other models here: BLS runs from initialize() or "
-                "execute() of a model loaded in the server process (not isolation: process)"
+                "this model cannot call other models here: BLS runs in the server's process "
+                "(not isolation: process)"
             )
         version = "" if self._model_version < 0 else str(self._model_version)
         inputs = []
@@ -201,20 +197,31 @@ class InferenceRequest:
             inputs=inputs,
             outputs=[RequestedOutput(name) for name in self._outputs],
             id=self._id,
-            parameters=json.loads(self._parameters),
+            parameters=self._call_parameters(),
         )
         return calls, request
 
-
-def _response(answer: InferResponse) -> InferenceResponse:
-    return InferenceResponse([Tensor(t.name, t.data) for t in answer.outputs])
-
-
-def _parameters_json(parameters: dict[str, Parameter] | str | None) -> str:
-    if parameters is None:
-        return "{}"
-    if isinstance(parameters, str):
-        if not isinstance(json.loads(parameters), dict):
-            raise TritonModelException("parameters must be a JSON object")
+    def _call_parameters(self) -> dict[str, Parameter]:
+        """The request's parameters, with what Triton sets on a BLS request beside them, as a
+        client's request carries it: the timeout (microseconds; 0: none) and the sequence."""
+        parameters: dict[str, Parameter] = json.loads(self._parameters)
+        if self._timeout:
+            parameters["timeout"] = int(self._timeout)
+        if self._correlation_id:
+            parameters["sequence_id"] = self._correlation_id
+        if self._flags & TRITONSERVER_REQUEST_FLAG_SEQUENCE_START:
+            parameters["sequence_start"] = True
+        if self._flags & TRITONSERVER_REQUEST_FLAG_SEQUENCE_END:
+            parameters["sequence_end"] = True
         return parameters
-    return json.dumps(parameters)
+
+
+def _failed(exc: InfermuxError) -> InferenceResponse:
+    if isinstance(exc, DecoupledModelError):
+        # The data plane's wording is for a client; a model streams with exec(decoupled=True).
+        message = (
+            f"model '{exc.model}' is decoupled (model_transaction_policy.decoupled): a BLS call "
+            "reads its responses with exec(decoupled=True) or async_exec(decoupled=True)"
+        )
+        return InferenceResponse([], TritonError(message, TritonError.UNSUPPORTED))
+    return failure(exc)

@@ -47,6 +47,13 @@ def get_output_config_by_name(model_config: dict[str, Any], name: str) -> dict[s
     return _named(model_config.get("output", ()), name)
 
 
+def using_decoupled_model_transaction_policy(model_config: dict[str, Any]) -> bool:
+    """Whether a config dict says ``model_transaction_policy { decoupled: true }`` (a model
+    checks it in ``initialize`` when it only works one way or the other)."""
+    policy = model_config.get("model_transaction_policy") or {}
+    return bool(policy.get("decoupled", False))
+
+
 def _named(entries: Any, name: str) -> dict[str, Any] | None:
     for entry in entries:
         if entry.get("name") == name:
