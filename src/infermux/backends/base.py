@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -47,6 +47,37 @@ class ModelContext:
     server: ServerCalls | None = field(default=None, compare=False)
 
 
+@dataclass(frozen=True, slots=True)
+class DeviceParts:
+    """One input of a micro-batch (several requests sent as one) left in GPU memory: each
+    request's rows where its client placed them, in request order. A batch gathers them into
+    its input one part after the other, device to device, as it gathers requests' inputs."""
+
+    parts: tuple[DeviceArray, ...]
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The parts' rows together, then what each row holds."""
+        return (sum(p.shape[0] for p in self.parts), *self.parts[0].shape[1:])
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        return self.parts[0].dtype
+
+    def reshape(self, shape: tuple[int, ...]) -> DeviceParts:
+        """Each part's rows seen with ``shape`` past the first dimension."""
+        return DeviceParts(tuple(p.reshape((p.shape[0], *shape[1:])) for p in self.parts))
+
+
+DeviceInput = DeviceArray | DeviceParts
+"""An input in GPU memory: one request's, or a micro-batch's requests' (:class:`DeviceParts`)."""
+
+
+def parts_of(value: DeviceInput) -> tuple[DeviceArray, ...]:
+    """The arrays a device input is gathered from, in order."""
+    return value.parts if isinstance(value, DeviceParts) else (value,)
+
+
 @dataclass(slots=True)
 class ModelRequest:
     """One request as a model sees it: validated numpy inputs and the outputs wanted.
@@ -60,9 +91,10 @@ class ModelRequest:
     requested_outputs: tuple[str, ...]
     parameters: Parameters = field(default_factory=dict)
     id: str = ""
-    device_inputs: dict[str, DeviceArray] = field(default_factory=dict)
+    device_inputs: dict[str, DeviceInput] = field(default_factory=dict)
     """Inputs left in a client's GPU memory (CUDA shared memory), given only to backends that
-    set ``accepts_device_inputs``; for the others they arrive in ``inputs``, copied to host."""
+    set ``accepts_device_inputs``; for the others they arrive in ``inputs``, copied to host.
+    :func:`~infermux.backends.stacking.device_parts` lists a batch's parts of each."""
     responses: ResponseStream | None = field(default=None, compare=False)
     """Set for a request to a decoupled model: where its responses go, then its final flag
     (``backends/responses.py``); its result from ``execute`` then only says whether it failed."""

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from infermux.backends.base import ModelRequest
+from infermux.backends.base import ModelRequest, parts_of
 from infermux.errors import InvalidArgumentError
 from infermux.types import DeviceArray
 
@@ -71,10 +71,14 @@ def batch_shapes(requests: Sequence[ModelRequest], batching: bool) -> dict[str, 
 
 
 def device_parts(requests: Sequence[ModelRequest]) -> dict[str, list[DeviceArray]]:
-    """Each device input's per-request parts, in request order (gathered on the GPU)."""
+    """Each device input's per-request parts, in request order (gathered on the GPU): a
+    micro-batch's request brings one part per request it stands for."""
     if not requests or not requests[0].device_inputs:
         return {}
-    return {name: [r.device_inputs[name] for r in requests] for name in requests[0].device_inputs}
+    return {
+        name: [part for r in requests for part in parts_of(r.device_inputs[name])]
+        for name in requests[0].device_inputs
+    }
 
 
 def split(

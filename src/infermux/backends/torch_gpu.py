@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from infermux.backends.base import ModelContext, ModelRequest
+from infermux.backends.base import ModelContext, ModelRequest, parts_of
 from infermux.backends.torch_model import TorchModel
 from infermux.backends.torch_tensors import (
     device_tensor,
@@ -123,7 +123,8 @@ class GpuPath:
 
         Each request's rows go to the graph's static inputs where they lie: one asynchronous
         copy per request from pinned host memory (the front end's arena, a shared-memory read's
-        staging block) or from a client's CUDA shared memory on this device; only inputs lying
+        staging block) or from a client's CUDA shared memory on this device (one per request
+        of a micro-batch too, :class:`~infermux.backends.base.DeviceParts`); only inputs lying
         elsewhere are stacked into the pinned staging buffer first."""
         batching = self.context.config.batching
         first = requests[0]
@@ -132,7 +133,7 @@ class GpuPath:
             handle = stream.cuda_stream
             for key, target in graph.inputs.items():
                 if key in first.device_inputs:
-                    gpu = [r.device_inputs[key] for r in requests]
+                    gpu = [part for r in requests for part in parts_of(r.device_inputs[key])]
                     if all(part.device_id == device_id for part in gpu):
                         parts = [(part.pointer, part.nbytes) for part in gpu]
                         DRIVER.gather_to_device(target.data_ptr(), parts, handle, from_host=False)

@@ -13,11 +13,11 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from infermux.backends.base import ModelRequest
+from infermux.backends.base import DeviceInput, ModelRequest
 from infermux.errors import InvalidArgumentError
 from infermux.model_config import ModelConfig, TensorConfig
 from infermux.settings import DEFAULT_MAX_BYTES_ELEMENT_SIZE, DEFAULT_MAX_INPUT_ELEMENTS
-from infermux.types import DeviceArray, InferRequest, Tensor
+from infermux.types import InferRequest, Tensor
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,7 +33,7 @@ class InputLimits:
 def to_model_request(
     config: ModelConfig,
     request: InferRequest,
-    device: Mapping[str, DeviceArray] | None = None,
+    device: Mapping[str, DeviceInput] | None = None,
     limits: InputLimits = InputLimits(),
 ) -> ModelRequest:
     """Validate ``request`` for ``config`` and produce what the model's ``execute`` receives.
@@ -42,7 +42,7 @@ def to_model_request(
     """
     model = config.name
     inputs: dict[str, npt.NDArray[np.generic]] = {}
-    on_device: dict[str, DeviceArray] = {}
+    on_device: dict[str, DeviceInput] = {}
     batch: int | None = None
     for tensor in request.inputs:
         spec = config.input(tensor.name)

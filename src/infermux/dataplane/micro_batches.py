@@ -1,5 +1,6 @@
 """Micro-batches on the executor's side: the checks that let requests sent together run as one,
-and the shared-memory reads and writes that keep each request's own regions.
+and the shared-memory reads and writes that keep each request's own regions (inputs in CUDA
+regions stay there, one part per request, gathered device to device by the batch).
 
 The front end's side (what travels together, and how the answer is cut back) is
 :mod:`~infermux.transport.grouping`; :meth:`~infermux.dataplane.plane.DataPlane.infer_many` runs
@@ -12,6 +13,9 @@ import math
 from collections.abc import Sequence
 from typing import TypeVar
 
+import numpy as np
+
+from infermux.backends.base import DeviceParts
 from infermux.errors import InfermuxError, InternalError
 from infermux.ipc.arena import Block
 from infermux.model_config import ModelConfig
@@ -68,23 +72,35 @@ def ungroupable(model: LoadedModel, policy: TrafficPolicy, rows: int) -> str:
 
 
 def stacked_request(
-    request: InferRequest, count: int, inputs_apart: bool, regions: Regions, staged: list[Block]
-) -> InferRequest:
-    """``request`` with each input's per-request shared-memory parts read into one array."""
+    request: InferRequest,
+    count: int,
+    inputs_apart: bool,
+    regions: Regions,
+    staged: list[Block],
+    *,
+    on_device: bool,
+) -> tuple[InferRequest, dict[str, DeviceParts]]:
+    """``request`` with each input's per-request shared-memory parts read into one array, and
+    the inputs whose parts stay in GPU memory (CUDA regions, for a model that reads them there,
+    ``on_device``): each request's rows where its client put them, gathered by the batch."""
     if not inputs_apart:
-        return InferRequest(request.model_name, request.model_version, request.inputs)
+        return InferRequest(request.model_name, request.model_version, request.inputs), {}
     parts = per_request(request.inputs, count)
     inputs = []
+    device: dict[str, DeviceParts] = {}
     for index, first in enumerate(parts[0]):
         tensors = [p[index] for p in parts]
-        if any(regions.cuda.has(str(t.parameters.get(SHM_REGION, ""))) for t in tensors):
-            raise Ungroupable("CUDA shared-memory inputs are read request by request")
         try:
-            data = regions.shm.read_stacked(tensors, staged)
+            data = regions.read_stacked(tensors, staged, on_device=on_device)
         except InfermuxError as exc:  # one request's mistake must be its own
             raise Ungroupable(f"a request's input cannot be read: {exc.message}") from None
-        inputs.append(Tensor(first.name, first.datatype, data.shape, data))
-    return InferRequest(request.model_name, request.model_version, inputs)
+        if isinstance(data, DeviceParts):
+            device[first.name] = data
+            empty = np.empty(0, numpy_dtype(first.datatype))  # its data is on the device
+            inputs.append(Tensor(first.name, first.datatype, data.shape, empty))
+        else:
+            inputs.append(Tensor(first.name, first.datatype, data.shape, data))
+    return InferRequest(request.model_name, request.model_version, inputs), device
 
 
 def check_output_regions(

@@ -12,7 +12,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-from infermux.backends.base import ModelRequest
+from infermux.backends.base import DeviceInput, DeviceParts, ModelRequest
 from infermux.errors import (
     DecoupledModelError,
     FailureReason,
@@ -209,7 +209,9 @@ class DataPlane:
         be run one by one to keep their semantics; any other error is every request's.
 
         ``inputs_apart``: ``request.inputs`` lists each request's inputs in turn, references
-        to system shared memory, read here into consecutive rows of one staging block.
+        to shared memory: system regions are read here into consecutive rows of one staging
+        block; CUDA regions stay on the device, one part per request, for a model that reads
+        them there (else they are copied to the host).
         ``outputs_apart``: ``request.outputs`` lists each request's outputs in turn, placed in
         its own regions; the response lists the placed outputs request by request."""
         started = time.perf_counter_ns()
@@ -226,13 +228,16 @@ class DataPlane:
         staged: list[Block] = []
         try:
             regions = self._regions
-            stacked = stacked_request(request, len(rows), inputs_apart, regions, staged)
+            on_device = model.accepts_device_inputs
+            stacked, device = stacked_request(
+                request, len(rows), inputs_apart, regions, staged, on_device=on_device
+            )
             wanted: list[list[RequestedOutput]] = []
             if outputs_apart:
                 wanted = per_request(request.outputs, len(rows))
                 check_output_regions(model.config, wanted, rows, regions)
                 stacked.outputs = [RequestedOutput(o.name) for o in wanted[0]]
-            response = await self._infer(route, stacked, started, rows)
+            response = await self._infer(route, stacked, started, rows, device)
             if outputs_apart:
                 response.outputs = place_apart(response.outputs, rows, wanted, regions)
             elif staged:
@@ -248,15 +253,18 @@ class DataPlane:
         request: InferRequest,
         started: int,
         members: Sequence[int] = (),
+        device: Mapping[str, DeviceParts] | None = None,
     ) -> InferResponse:
+        """``device``: inputs of a micro-batch (``members``) already read, left in GPU memory."""
         model = route.model
         staged: list[Block] = []  # shared-memory inputs read into the staging arena
         try:
             classes = wanted_classes(model.config, request.outputs) if request.outputs else {}
-            device = self._regions.read_inputs(
-                request, staged, on_device=model.accepts_device_inputs
-            )
-            model_request = to_model_request(model.config, request, device, self._limits)
+            on_gpu: dict[str, DeviceInput] = {
+                **self._regions.read_inputs(request, staged, on_device=model.accepts_device_inputs),
+                **(device or {}),
+            }
+            model_request = to_model_request(model.config, request, on_gpu, self._limits)
             if TRACING.tracer is not None:
                 TRACING.annotate_request(model_request.batch_size)
             done = await self._schedule(route, model_request)

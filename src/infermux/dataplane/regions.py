@@ -5,6 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+import numpy.typing as npt
+
+from infermux.backends.base import DeviceParts
 from infermux.errors import ErrorCode, InfermuxError
 from infermux.ipc.arena import Block
 from infermux.types import SHM_REGION, DeviceArray, InferRequest, Tensor, uses_shared_memory
@@ -48,6 +52,29 @@ class Regions:
             else:
                 tensor.data = self.shm.read(tensor, staged)
         return device
+
+    def read_stacked(
+        self, tensors: list[Tensor], staged: list[Block], *, on_device: bool
+    ) -> npt.NDArray[np.generic] | DeviceParts:
+        """Several requests' data of one input (a micro-batch's), each in its own region, their
+        rows stacked: left where they lie as :class:`DeviceParts` when every one is in a CUDA
+        region and the model reads them there (``on_device``), so the batch gathers them device
+        to device; else copied to the host, system regions' into one ``staged`` block."""
+        cuda = [self.cuda.has(str(t.parameters.get(SHM_REGION, ""))) for t in tensors]
+        if not any(cuda):
+            return self.shm.read_stacked(tensors, staged)
+        # Both kinds in one micro-batch (a front end that did not know a system region yet):
+        # rare, so the host path, as a single request's read would give a host model.
+        device = on_device and all(cuda)
+        parts = [
+            self.cuda.read(t, on_device=device) if in_cuda else self.shm.read(t)
+            for t, in_cuda in zip(tensors, cuda, strict=True)
+        ]
+        gpu = tuple(p for p in parts if isinstance(p, DeviceArray))
+        if len(gpu) == len(parts):  # else none is: one datatype, BOOL is read on the host
+            return DeviceParts(gpu)
+        host = [p for p in parts if isinstance(p, np.ndarray)]
+        return np.concatenate(host) if len(host) > 1 else host[0]
 
     def place_outputs(self, request: InferRequest, outputs: list[Tensor]) -> list[Tensor]:
         """``outputs``, those the request asked for in a region written there (and answered as
