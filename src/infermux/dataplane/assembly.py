@@ -41,10 +41,6 @@ def server_metadata(settings: ServerSettings) -> ServerMetadata:
     return ServerMetadata(settings.server_name, __version__, extensions(settings))
 
 
-MULTI_PROCESS_STREAMS = (
-    "--frontends N > 1 / --executors N > 1 (several processes) does not carry a decoupled "
-    "model's streams yet: serve it with --frontends 1"
-)
 RAY_STREAMS = "--ray does not carry a decoupled model's streams yet: serve it without --ray"
 
 
