@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import queue
 import time
 from collections.abc import Callable, Iterator
@@ -27,6 +28,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+import tritonclient.utils.shared_memory as shm
 
 from tests.e2e.test_decoupled import MODELS, Stream, add_model
 from tests.e2e.test_generate import events
@@ -103,6 +105,7 @@ class Model:
 """
 
 MODES = {"frontends": ("--frontends", "2"), "executors": ("--frontends", "2", "--executors", "2")}
+SHM = "--allow-client-shm"
 _tags = itertools.count(1)
 
 
@@ -125,7 +128,7 @@ def mode(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture(scope="module")
 def server(repository: Path, mode: str) -> Iterator[ServerProcess]:
-    with start_server("--model-repository", str(repository), *MODES[mode]) as server:
+    with start_server("--model-repository", str(repository), SHM, *MODES[mode]) as server:
         yield server
         assert server.stop() == 0
 
@@ -319,3 +322,31 @@ def test_statistics_count_each_streamed_request_once(server: ServerProcess) -> N
     client.close()
     succeeded = after["inference_stats"]["success"]["count"]
     assert succeeded - before["inference_stats"]["success"]["count"] == 3
+
+
+def test_a_streamed_output_goes_to_the_clients_shared_memory(server: ServerProcess) -> None:
+    name = f"ds_{os.getpid()}_{next(_tags)}"
+    region = shm.create_shared_memory_region(name, f"/imx_{name}", 4)
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    answers: queue.Queue[Any] = queue.Queue()
+    try:
+        client.register_system_shared_memory(name, f"/imx_{name}", 4)
+        client.start_stream(callback=lambda result, error: answers.put((result, error)))
+        tensor = grpcclient.InferInput("IN", [1, 1], "INT32")
+        tensor.set_data_from_numpy(np.array([[42]], np.int32))
+        out = grpcclient.InferRequestedOutput("OUT")
+        out.set_shared_memory(name, 4)
+        outputs = [out, grpcclient.InferRequestedOutput("IDX")]
+        client.async_stream_infer("repeat", [tensor], outputs=outputs)
+        result, error = answers.get(timeout=30)
+        client.stop_stream()
+        assert error is None, error
+        assert result.as_numpy("IDX").tolist() == [[0]]
+        response = result.get_response()
+        assert [o.name for o in response.outputs] == ["OUT", "IDX"]
+        assert response.raw_output_contents[0] == b""  # written to the region instead
+        assert shm.get_contents_as_numpy(region, np.int32, [1, 1]).tolist() == [[42]]
+    finally:
+        client.unregister_system_shared_memory(name)
+        client.close()
+        shm.destroy_shared_memory_region(region)

@@ -41,9 +41,6 @@ def server_metadata(settings: ServerSettings) -> ServerMetadata:
     return ServerMetadata(settings.server_name, __version__, extensions(settings))
 
 
-RAY_STREAMS = "--ray does not carry a decoupled model's streams yet: serve it without --ray"
-
-
 def build_repository(
     settings: ServerSettings,
     observer: LoadObserver | None = None,
