@@ -45,11 +45,9 @@ def build_repository(
     settings: ServerSettings,
     observer: LoadObserver | None = None,
     shard: Shard = ONLY,
-    *,
-    decoupled_refused: str = "",
 ) -> ModelRepository:
-    """``decoupled_refused``: why decoupled models cannot be served by this process ("":
-    they can), said by their failed load."""
+    """The repository of ``settings`` (every process that serves models builds it here;
+    decoupled models are served by each: their streams cross processes too)."""
     return ModelRepository(
         settings.model_repositories,
         BackendRegistry(),
@@ -63,7 +61,6 @@ def build_repository(
         load_concurrency=settings.model_load_threads,
         exit_on_error=settings.exit_on_error,
         auto_complete=settings.auto_complete_config,
-        decoupled_refused=decoupled_refused,
     )
 
 

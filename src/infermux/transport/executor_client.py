@@ -23,7 +23,8 @@ A decoupled model's request is streamed (``streams.py``): its responses are yiel
 iterator, or its task is cancelled) sends the same ``Cancel`` frame, which closes the request's
 stream in the executor: the model sees it cancelled. Which models are decoupled is learnt from
 the executor: ``infer_stream`` sends a request as any other (micro-batched, its shared memory
-read here) until the executor refuses it as decoupled, then streams that model's requests.
+read here) until the executor refuses it as decoupled, then streams that model's requests (one
+reloaded as not decoupled is still streamed: it answers with one final frame, as it should).
 """
 
 from __future__ import annotations
