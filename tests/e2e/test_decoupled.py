@@ -264,15 +264,3 @@ def test_a_backend_that_does_not_answer_decoupled_refuses_the_model(
     reason = index["onnx_decoupled"]["reason"]
     assert "model_transaction_policy.decoupled is not supported by the 'onnxruntime'" in reason
     assert index["repeat"]["state"] == "READY"
-
-
-def test_several_front_end_processes_refuse_decoupled_models_naming_the_setting(
-    repository: Path,
-) -> None:
-    args = ("--model-repository", str(repository), "--frontends", "2")
-    with start_server(*args) as server:
-        client = httpclient.InferenceServerClient(server.url)
-        index = {row["name"]: row for row in client.get_model_repository_index()}
-        client.close()
-    assert "--frontends" in index["repeat"]["reason"]
-    assert "model_transaction_policy.decoupled" in index["repeat"]["reason"]

@@ -5,7 +5,9 @@ tritonclient.
 ``who`` answers the pid of the replica that ran it (two replicas of one CPU; two per node fit,
 so that a rolling update has room for the new replicas beside the old);
 ``slow`` sleeps, with one replica taking one request at a time and one more queued, to see Ray's
-backpressure as 503. Skipped, with the reason, where Ray is not installed or cannot start.
+backpressure as 503. ``repeat`` and ``ticker`` are the decoupled models of
+``test_decoupled.py`` and ``test_decoupled_processes.py``, their responses streamed from their
+replica. Skipped, with the reason, where Ray is not installed or cannot start.
 """
 
 from __future__ import annotations
@@ -26,11 +28,15 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from tests.e2e.test_decoupled import CONFIG, NATIVE, Stream
+from tests.e2e.test_decoupled_processes import TICKER, TICKER_CONFIG, Ticker, wait_for
+from tests.e2e.test_generate import events
 from tests.support import ServerProcess, parameter, start_server, write_model
 
 pytest.importorskip("ray.serve", reason="Ray is an optional extra (pip install 'infermux[ray]')")
@@ -108,6 +114,14 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     canary = "version_policy: { all { } }\n" + parameter("traffic_policy", policy)
     canary += parameter("ray_num_replicas", "2") + parameter("ray_num_cpus", "0")
     one(repo, "canary", extra=canary, versions=(1, 2))
+    no_cpu = parameter("ray_num_cpus", "0")
+    for name, config, source in (
+        ("repeat", CONFIG.format(name="repeat", extra=no_cpu), NATIVE),
+        ("ticker", TICKER_CONFIG + no_cpu, TICKER),
+    ):
+        (repo / name / "1").mkdir(parents=True)
+        (repo / name / "config.pbtxt").write_text(config)
+        (repo / name / "1" / "model.py").write_text(source)
     return repo
 
 
@@ -245,3 +259,65 @@ def test_a_model_update_rolls_through_replicas_without_failed_requests(
     index = {m["name"]: m for m in client.get_model_repository_index()}
     assert index["who"]["state"] == "READY"
     assert json.dumps(index)  # serialisable as the HTTP API sends it
+
+
+def test_a_decoupled_model_streams_in_order_with_errors_and_batches(
+    server: ServerProcess,
+) -> None:
+    stream = Stream(server)
+    try:
+        stream.send("repeat", [7, -1, 9], "r")
+        answers = stream.take(4)
+        for request_id in ("a", "b", "c"):  # within the model's 300 ms queue delay
+            stream.send("repeat", [1, 2], request_id)
+        batched = stream.take(9)
+    finally:
+        stream.close()
+    assert answers[0] == ("ok", ("r", 7, 0, 1, False))
+    assert answers[1][0] == "error"
+    assert "negative value at 1" in answers[1][1]
+    assert answers[2:] == [("ok", ("r", 9, 2, 1, False)), ("ok", ("r", None, None, None, True))]
+    assert {answer[3] for kind, answer in batched if answer[1] is not None} == {3}
+
+
+def test_generate_stream_streams_a_decoupled_model(server: ServerProcess) -> None:
+    with httpx.Client(base_url=f"http://{server.url}", timeout=60) as client:
+        status, data = events(client, "repeat", {"IN": [4, 5, 6]})
+    assert status == 200
+    assert [(d["OUT"], d["IDX"]) for d in data] == [(4, 0), (5, 1), (6, 2)]
+
+
+def test_a_client_that_leaves_cancels_the_request_in_the_replica(
+    server: ServerProcess, repository: Path
+) -> None:
+    ticker = Ticker(repository)
+    body = {"IN": ticker.args(100_000, delay_ms=10)}
+    with (
+        httpx.Client(base_url=f"http://{server.url}", timeout=60) as client,
+        client.stream("POST", "/v2/models/ticker/generate_stream", json=body) as reply,
+    ):
+        assert next(reply.iter_lines()).startswith("data: ")
+    wait_for(ticker.cancelled, "the model did not see its request cancelled")
+    assert ticker.progress() < 100_000
+
+
+def test_a_client_that_stops_reading_holds_the_replica_back(
+    server: ServerProcess, repository: Path
+) -> None:
+    # As with front-end processes: the replica's response buffer, the credit window between
+    # replica and ingress, and what the sockets hold; Ray's own streaming has no bound.
+    ticker = Ticker(repository)
+    total = 400
+    body = {"IN": ticker.args(total, size=16384)}
+    with (
+        httpx.Client(base_url=f"http://{server.url}", timeout=120) as client,
+        client.stream("POST", "/v2/models/ticker/generate_stream", json=body) as reply,
+    ):
+        lines = (json.loads(line.removeprefix("data: ")) for line in reply.iter_lines() if line)
+        assert next(lines)["IDX"] == 0
+        wait_for(lambda: ticker.progress() > 16, "the model did not run ahead at all")
+        time.sleep(3)
+        held = ticker.progress()
+        assert held <= total // 2, f"the model ran {held} responses ahead of a stalled reader"
+        indexes = [doc["IDX"] for doc in lines]
+    assert indexes == list(range(1, total))

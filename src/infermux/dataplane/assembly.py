@@ -41,22 +41,13 @@ def server_metadata(settings: ServerSettings) -> ServerMetadata:
     return ServerMetadata(settings.server_name, __version__, extensions(settings))
 
 
-MULTI_PROCESS_STREAMS = (
-    "--frontends N > 1 / --executors N > 1 (several processes) does not carry a decoupled "
-    "model's streams yet: serve it with --frontends 1"
-)
-RAY_STREAMS = "--ray does not carry a decoupled model's streams yet: serve it without --ray"
-
-
 def build_repository(
     settings: ServerSettings,
     observer: LoadObserver | None = None,
     shard: Shard = ONLY,
-    *,
-    decoupled_refused: str = "",
 ) -> ModelRepository:
-    """``decoupled_refused``: why decoupled models cannot be served by this process ("":
-    they can), said by their failed load."""
+    """The repository of ``settings`` (every process that serves models builds it here;
+    decoupled models are served by each: their streams cross processes too)."""
     return ModelRepository(
         settings.model_repositories,
         BackendRegistry(),
@@ -70,7 +61,6 @@ def build_repository(
         load_concurrency=settings.model_load_threads,
         exit_on_error=settings.exit_on_error,
         auto_complete=settings.auto_complete_config,
-        decoupled_refused=decoupled_refused,
     )
 
 

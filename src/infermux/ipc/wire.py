@@ -8,7 +8,12 @@ answer's blocks back once the front end has copied them out.
 
 Every :class:`Infer` is answered by exactly one :class:`Answer` or :class:`Failure`, also when
 the front end gave up on it (a :class:`Cancel` frame) or its deadline passed: that answer is
-what tells the front end the executor no longer reads the request's input blocks.
+what tells the front end the executor no longer reads the request's input blocks. A *streamed*
+:class:`Infer` (``window`` > 0: a decoupled model's request) is answered by :class:`Part`
+frames instead, one per response as the model sends it, the last one ``final`` ("more
+responses follow" until then), or by a :class:`Failure` that ends it at any point; the front
+end grants more room with :class:`Credit` frames as its reader takes them, so that a slow
+reader holds the model back instead of filling the executor's memory.
 
 Deadlines are ``time.monotonic_ns()`` instants: both ends share one host's monotonic clock (they
 share its memory), and an instant, unlike a remaining time, stays right however long the frame
@@ -32,7 +37,7 @@ from infermux.errors import (
 )
 from infermux.ipc.arena import Arena, Block
 from infermux.tensor_bytes import tensor_from_bytes, tensor_to_bytes
-from infermux.types import Parameters, Tensor, numpy_dtype
+from infermux.types import InferRequest, InferResponse, Parameters, Tensor, numpy_dtype
 
 NO_DATA = -1
 """The offset of a tensor whose bytes are not in the arena (it lives in client shared memory)."""
@@ -74,6 +79,11 @@ class Infer(msgspec.Struct, array_like=True, tag=1):
     outputs_apart: bool = False
     """A micro-batch whose ``outputs`` are listed request by request (each request's regions);
     its :class:`Answer` lists the placed outputs request by request too."""
+    window: int = 0
+    """Non-zero for a streamed request (never a micro-batch): answered by :class:`Part` frames,
+    at most ``window`` of them beyond those the front end took (:class:`Credit`). The executor
+    copies a streamed request's inputs out of the arena before it answers anything, so the
+    front end frees their blocks at the first frame that answers it."""
 
 
 class Call(msgspec.Struct, array_like=True, tag=2):
@@ -155,8 +165,35 @@ class Forgotten(msgspec.Struct, array_like=True, tag=10):
     seq: int
 
 
-ToExecutor = Infer | Call | Release | Cancel | Forgotten
-ToFrontend = Answer | Result | Failure | Regroup | Forget
+class Part(msgspec.Struct, array_like=True, tag=11):
+    """Executor -> front end: one response of the streamed :class:`Infer` ``seq``; more follow
+    unless ``final``. Outputs travel as an :class:`Answer`'s do (blocks of the executor's arena,
+    handed back by :class:`Release`); an error response has none and ``error_code`` set (the
+    stream may go on after it); ``flag_only``: no response, the final flag alone."""
+
+    seq: int
+    model: str
+    version: str
+    id: str
+    parameters: Parameters
+    outputs: list[WireTensor]
+    final: bool
+    flag_only: bool = False
+    error_code: str = ""
+    error_message: str = ""
+    error_reason: str = ""
+
+
+class Credit(msgspec.Struct, array_like=True, tag=12):
+    """Front end -> executor: the reader of the streamed :class:`Infer` ``seq`` took ``count``
+    more of its responses, so the executor may send that many more :class:`Part` frames."""
+
+    seq: int
+    count: int
+
+
+ToExecutor = Infer | Call | Release | Cancel | Forgotten | Credit
+ToFrontend = Answer | Result | Failure | Regroup | Forget | Part
 
 
 encode = msgspec.msgpack.Encoder().encode
@@ -178,14 +215,62 @@ def cancelled(seq: int, why: str) -> Failure:
 
 def raise_failure(frame: Failure) -> InfermuxError:
     """The error a :class:`Failure` frame stands for, with its code."""
+    return _error(frame.code, frame.message, frame.reason)
+
+
+def _error(code_name: str, message: str, reason: str) -> InfermuxError:
     try:
-        code = ErrorCode(frame.code)
+        code = ErrorCode(code_name)
     except ValueError:
         code = ErrorCode.INTERNAL
-    error = InfermuxError(frame.message, code)
+    error = InfermuxError(message, code)
     with contextlib.suppress(ValueError):  # an older or unknown reason stays OTHER
-        error.reason = FailureReason(frame.reason)
+        error.reason = FailureReason(reason)
     return error
+
+
+def infer_frame(
+    seq: int, request: InferRequest, inputs: list[WireTensor], *, window: int = 0
+) -> Infer:
+    """The frame that sends ``request`` alone (``window``: streamed), its inputs placed."""
+    return Infer(
+        seq,
+        request.model_name,
+        request.model_version,
+        request.id,
+        request.parameters,
+        inputs,
+        [(o.name, o.parameters) for o in request.outputs],
+        request.trace_context,
+        request.deadline_ns,
+        window=window,
+    )
+
+
+def part(seq: int, response: InferResponse, outputs: list[WireTensor]) -> Part:
+    """The frame that carries ``response`` (its ``outputs`` already placed) of stream ``seq``."""
+    frame = Part(
+        seq,
+        response.model_name,
+        response.model_version,
+        response.id,
+        response.parameters,
+        outputs,
+        response.final,
+        response.flag_only,
+    )
+    error = response.error
+    if error is not None:
+        frame.error_code, frame.error_message = error.code.value, error.message
+        frame.error_reason = error.reason.value
+    return frame
+
+
+def part_error(frame: Part) -> InfermuxError | None:
+    """The error of an error response (None for any other)."""
+    if not frame.error_code:
+        return None
+    return _error(frame.error_code, frame.error_message, frame.error_reason)
 
 
 def arena_bytes(tensor: Tensor) -> tuple[int, bytes | None]:

@@ -13,11 +13,7 @@ import socket
 from collections.abc import Coroutine
 from typing import Any
 
-from infermux.dataplane.assembly import (
-    MULTI_PROCESS_STREAMS,
-    build_dataplane,
-    build_repository,
-)
+from infermux.dataplane.assembly import build_dataplane, build_repository
 from infermux.errors import InfermuxError, StartupError
 from infermux.frontends.metrics import MetricsEndpoint
 from infermux.observability import metrics as prometheus
@@ -71,9 +67,8 @@ async def _serve(
 ) -> None:
     control = await Control.open(sock)
     progress = LoadProgress() if LoadProgress.wanted() and shard.index == 0 else None
-    repository = build_repository(
-        settings, progress, shard, decoupled_refused=MULTI_PROCESS_STREAMS
-    )
+    # Decoupled models are served: their streams cross the channel (transport/streams.py).
+    repository = build_repository(settings, progress, shard)
     plane = build_dataplane(settings, repository)
     held = Held(plane, repository, lambda *call: control.send(Changed(*call)))
     channels = ChannelServer(plane, held.observe)

@@ -5,6 +5,10 @@ A request's routing key (the ``routing_key`` parameter or the ``infermux-routing
 is passed along for the affinity router (``affinity.py``). Ray's refusals become the V2 statuses
 clients expect: a full queue (``ray_max_queued_requests``) is 503 like a full infermux queue, a
 replica that died under a request is 503, an unknown model 404.
+
+A decoupled model's requests are streamed from its replica (``streams.py``): responses are
+yielded as they arrive, within a credit window, and a reader that leaves cancels the request
+in the replica (Ray cancels the replica's generator), where the model sees it cancelled.
 """
 
 from __future__ import annotations
@@ -12,9 +16,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
+import ray
 from ray import serve
 from ray.exceptions import RayActorError
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
@@ -35,6 +41,7 @@ from infermux.errors import (
 from infermux.model_config import ModelConfig
 from infermux.observability.logs import log_settings, update_log_settings
 from infermux.ray.deploy import DEPLOYMENT, Deployer, app_name
+from infermux.ray.streams import StreamCredits, Taken
 from infermux.routing.router import ROUTING_KEY_PARAMETER, TrafficReport
 from infermux.types import (
     CudaSharedMemoryRegion,
@@ -64,6 +71,7 @@ class RayDataPlane:
         self._shutting_down = False
         self._ready_at = 0.0
         self._ready = False
+        self._credits: Any = None  # the StreamCredits actor, made with the first stream
 
     # -- health and metadata ----------------------------------------------------------------------
 
@@ -108,9 +116,54 @@ class RayDataPlane:
     # -- inference --------------------------------------------------------------------------------
 
     async def infer_stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
-        # One response, final: decoupled models are refused at load in this mode
-        # by Ray replicas (dataplane/assembly.py says why), so every model served here answers once.
-        yield await self.infer(request)
+        config = await self.model_config(request.model_name, request.model_version)
+        if not config.decoupled:
+            yield await self.infer(request)
+            return
+        if self._credits is None:
+            # Each stalled stream's replica holds one wait() in it: room for very many.
+            actor = ray.remote(StreamCredits).options(num_cpus=0, max_concurrency=100_000)
+            self._credits = actor.remote()
+        stream = uuid.uuid4().hex
+        taken = Taken(self._credits, stream)
+        handle = self._handle(request.model_name, "infer_stream", stream=True)
+        key = request.parameters.get(ROUTING_KEY_PARAMETER)
+        replies = handle.remote(
+            request,
+            routing_key=key if isinstance(key, str) else "",
+            stream=stream,
+            credits=self._credits,
+        )
+        ended = False
+        try:
+            while True:
+                reply = await self._next(request.model_name, replies)
+                if reply is None:
+                    ended = True
+                    return
+                response: InferResponse = _unwrap(reply)[1]
+                taken.took()
+                yield response
+                if response.final:
+                    ended = True
+                    return
+        except InfermuxError:
+            ended = True  # the replica's stream is over: it failed
+            raise
+        finally:
+            taken.close()
+            if not ended:  # the reader left: Ray cancels the replica's generator
+                replies.cancel()
+
+    async def _next(self, name: str, replies: Any) -> tuple[Any, ...] | None:
+        """The next item of a streaming call (None at its end), Ray's failures translated."""
+        try:
+            reply: tuple[Any, ...] = await replies.__anext__()
+        except StopAsyncIteration:
+            return None
+        except Exception as exc:
+            raise _translated(name, exc) from None
+        return reply
 
     async def infer(self, request: InferRequest) -> InferResponse:
         key = request.parameters.get(ROUTING_KEY_PARAMETER)
@@ -134,29 +187,17 @@ class RayDataPlane:
             raise NotFoundError(f"Request for unknown model: '{name}' is not found")
         try:
             reply: tuple[Any, ...] = await self._handle(name, method).remote(*args, **kwargs)
-        except BackPressureError:
-            raise RejectedError(
-                f"model '{name}': every replica is busy and its queue is full "
-                "(ray_max_queued_requests)"
-            ) from None
-        except (RayActorError, DeploymentUnavailableError) as exc:
-            raise UnavailableError(
-                f"model '{name}': the replica serving this request is gone ({type(exc).__name__})"
-            ) from None
-        if reply[0] == "error":
-            _, code, reason, message = reply
-            error = InfermuxError(message, ErrorCode(code))
-            error.reason = FailureReason(reason)
-            raise error
-        return reply
+        except Exception as exc:
+            raise _translated(name, exc) from None
+        return _unwrap(reply)
 
-    def _handle(self, name: str, method: str) -> Any:
+    def _handle(self, name: str, method: str, *, stream: bool = False) -> Any:
         # One handle per (model, method), kept: ``handle.method`` would build a new handle
         # object on every request.
         handle = self._handles.get((name, method))
         if handle is None:
             base = serve.get_deployment_handle(DEPLOYMENT, app_name(name))
-            handle = self._handles[(name, method)] = base.options(method_name=method)
+            handle = self._handles[(name, method)] = base.options(method_name=method, stream=stream)
         return handle
 
     # -- model repository -------------------------------------------------------------------------
@@ -251,6 +292,29 @@ class RayDataPlane:
         self, model: str = "", changes: dict[str, Any] | None = None
     ) -> dict[str, Any]:
         raise _not_in_ray("trace settings")
+
+
+def _translated(name: str, exc: Exception) -> Exception:
+    """Ray's refusals as the V2 statuses clients expect; anything else as it is."""
+    if isinstance(exc, BackPressureError):
+        return RejectedError(
+            f"model '{name}': every replica is busy and its queue is full (ray_max_queued_requests)"
+        )
+    if isinstance(exc, (RayActorError, DeploymentUnavailableError)):
+        return UnavailableError(
+            f"model '{name}': the replica serving this request is gone ({type(exc).__name__})"
+        )
+    return exc
+
+
+def _unwrap(reply: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A replica's tagged answer; raises the error it carries."""
+    if reply[0] == "error":
+        _, code, reason, message = reply
+        error = InfermuxError(message, ErrorCode(code))
+        error.reason = FailureReason(reason)
+        raise error
+    return reply
 
 
 def _not_in_ray(what: str) -> UnsupportedError:

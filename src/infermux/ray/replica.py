@@ -3,6 +3,7 @@ model, behind the methods the ingress calls through a deployment handle.
 
 Answers are tagged tuples rather than raised exceptions: an error keeps its code and reason
 exactly (``("error", code, reason, message)``) instead of travelling as a ``RayTaskError``.
+A decoupled model's responses are streamed (``infer_stream``, ``streams.py``).
 """
 
 from __future__ import annotations
@@ -10,10 +11,12 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+from collections.abc import AsyncIterator
 from typing import Any
 
-from infermux.dataplane.assembly import RAY_STREAMS, build_dataplane, build_repository
+from infermux.dataplane.assembly import build_dataplane, build_repository
 from infermux.errors import InfermuxError, UnavailableError
+from infermux.ray.streams import Window
 from infermux.settings import ServerSettings
 from infermux.types import InferRequest
 
@@ -44,7 +47,7 @@ class ModelReplica:
             executors=1,
             ray_address="",
         )
-        self._repository = build_repository(self._settings, decoupled_refused=RAY_STREAMS)
+        self._repository = build_repository(self._settings)
         self._plane = build_dataplane(self._settings, self._repository)
         await self._repository.start()
         if not self._repository.is_ready(model):
@@ -58,6 +61,30 @@ class ModelReplica:
             return ("ok", await self._plane.infer(request))
         except InfermuxError as exc:
             return error_reply(exc)
+
+    async def infer_stream(
+        self, request: InferRequest, routing_key: str = "", stream: str = "", credits: Any = None
+    ) -> AsyncIterator[Reply]:
+        """A decoupled model's responses, ``("ok", response)`` each as it comes, within the
+        credit of ``stream`` (``credits``: the ingress's StreamCredits actor); a failure is the
+        last item. Ray cancels this generator when the ingress gives the request up, which
+        closes the data plane's stream: the model sees its request cancelled."""
+        window = Window(credits, stream)
+        responses = self._plane.infer_stream(request)
+        try:
+            while await window.spend():
+                response = await anext(responses, None)
+                if response is None:
+                    return
+                yield ("ok", response)
+                if response.final:
+                    return
+        except InfermuxError as exc:
+            yield error_reply(exc)
+        finally:
+            aclose = getattr(responses, "aclose", None)  # where it did not end: gives it up
+            if aclose is not None:
+                await aclose()
 
     async def describe(self, version: str = "") -> Reply:
         """Metadata and config of a served version (the ingress caches them)."""

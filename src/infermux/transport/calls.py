@@ -9,9 +9,10 @@ answered by the front end itself.
 
 from __future__ import annotations
 
+import functools
 import inspect
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 import msgspec
 from tritonclient.grpc import model_config_pb2 as config_pb
@@ -62,3 +63,32 @@ RESULT: dict[str, Callable[[Any], Any]] = {
     "log_settings": dict,
     "trace_settings": dict,
 }
+
+
+class Caller(Protocol):
+    """What asks the executor for an operation by name (a ``RemoteExecutor``)."""
+
+    async def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """Call ``method`` in the executor (a ``Call`` frame); its rebuilt result."""
+        ...
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+C = TypeVar("C", bound=Caller)
+
+
+def forwarded(
+    operation: Callable[Concatenate[Any, P], Awaitable[R]],
+) -> Callable[Concatenate[C, P], Coroutine[Any, Any, R]]:
+    """A method that asks the executor for ``operation`` by name (a ``Call`` frame) and
+    returns its rebuilt result, with the operation's own signature."""
+    name = operation.__name__
+
+    async def forward(self: C, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        result: R = await self.call(name, *args, **kwargs)
+        return result
+
+    functools.update_wrapper(forward, operation)  # name, doc and signature: the operation's
+    forward.__qualname__ = f"RemoteExecutor.{name}"
+    return forward

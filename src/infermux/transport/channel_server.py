@@ -9,7 +9,8 @@ into this side's arena.
 
 When a front end goes away its channel is detached: its requests still running finish (they are
 admitted; the model's state and statistics stay consistent) but their answers are dropped, and
-the channel is unmapped when the last one is done.
+the channel is unmapped when the last one is done. Its streams are given up (nobody reads them
+any more, and a decoupled model may stream for as long as it likes).
 
 A request the front end gives up on (a :class:`~infermux.ipc.wire.Cancel` frame) or whose
 deadline passes has its task cancelled, as the in-process front ends cancel theirs: a queued
@@ -19,6 +20,11 @@ input views in the front end's arena unused) and its result is dropped. A reques
 deadline passed before it arrived is not started. Each is answered by a CANCELLED failure,
 which tells the front end that its input blocks are free; output blocks already placed for an
 answer never sent are released here.
+
+A streamed request (a decoupled model's: ``Infer.window`` > 0) runs the data plane's
+``infer_stream`` and sends each response as a :class:`~infermux.ipc.wire.Part` frame as it comes,
+within the front end's credit (``streams.py``); giving it up closes that stream, as an
+in-process front end does, so that the model sees its request cancelled.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
 from infermux.dataplane.micro_batches import Ungroupable
@@ -38,6 +44,7 @@ from infermux.ipc.wire import (
     Answer,
     Call,
     Cancel,
+    Credit,
     Forget,
     Forgotten,
     Infer,
@@ -48,6 +55,7 @@ from infermux.ipc.wire import (
     cancelled,
     encode,
     failure,
+    part,
     read_tensor,
     to_executor,
 )
@@ -55,6 +63,7 @@ from infermux.model_config import ModelConfig
 from infermux.runtime.host_memory import HOST_MEMORY
 from infermux.types import InferRequest, RequestedOutput, Tensor
 
+from . import streams
 from .calls import CALLS, FILE_BLOCKS
 from .link import Link
 
@@ -76,6 +85,7 @@ class _Client:
         self.link = link
         self.tasks: set[asyncio.Task[None]] = set()
         self.inferring: dict[int, asyncio.Task[None]] = {}  # by seq, for Cancel frames
+        self.credits: dict[int, streams.Credit] = {}  # streamed requests' room, by seq
         self.blocks: dict[int, Block] = {}  # answer blocks the front end has not released
 
 
@@ -117,6 +127,8 @@ class ChannelServer:
         if client is None:
             return
         client.link.mute()  # answers of what still runs are dropped
+        for seq in list(client.credits):  # nobody reads its streams: give them up
+            _give_up(client, seq)
         for seq, (whose, _) in list(self._forgetting.items()):
             if whose is client:  # gone: it reads no region any more
                 _forgot(self._forgetting.pop(seq))
@@ -143,6 +155,10 @@ class ChannelServer:
                     block = client.blocks.pop(offset, None)
                     if block is not None:
                         client.link.release(block)
+            elif isinstance(message, Credit):
+                credit = client.credits.get(message.seq)
+                if credit is not None:  # else the stream ended meanwhile
+                    credit.grant(message.count)
             elif isinstance(message, Cancel):
                 _give_up(client, message.seq)
             elif isinstance(message, Forgotten):
@@ -194,7 +210,11 @@ class ChannelServer:
                 client.link.send(encode(cancelled(seq, "the request's deadline passed")))
                 return
             timer = loop.call_later(left_s, _give_up, client, seq)
-        task = loop.create_task(self._infer(client, message))
+        if message.window:
+            credit = client.credits[seq] = streams.Credit(message.window)
+            task = loop.create_task(self._stream(client, message, credit))
+        else:
+            task = loop.create_task(self._infer(client, message))
         client.tasks.add(task)
         client.inferring[seq] = task
 
@@ -202,6 +222,8 @@ class ChannelServer:
         def finished(_: object) -> None:
             client.tasks.discard(task)
             client.inferring.pop(seq, None)
+            if message.window:
+                client.credits.pop(seq, None)
             if timer is not None:
                 timer.cancel()
             if task.cancelled():  # also cancelled before it started: _infer never ran
@@ -213,15 +235,7 @@ class ChannelServer:
         link = client.link
         placed: list[Block] = []  # output blocks of an answer not sent yet
         try:
-            request = InferRequest(
-                message.model,
-                message.version,
-                [read_tensor(link.endpoint.peer_arena, t, copy=False) for t in message.inputs],
-                [RequestedOutput(name, parameters) for name, parameters in message.outputs],
-                message.id,
-                message.parameters,
-                message.trace,
-            )
+            request = _request(link, message, copy=False)
             if message.rows:  # a micro-batch (transport/grouping.py)
                 try:
                     response = await self._plane.infer_many(
@@ -257,6 +271,37 @@ class ChannelServer:
                 )
             )
         )
+
+    async def _stream(self, client: _Client, message: Infer, credit: streams.Credit) -> None:
+        """Run a streamed request: each response is sent as it comes, while credit lasts (no
+        credit: the data plane's stream is not read, and its bound holds the model back)."""
+        link, seq = client.link, message.seq
+        placed: list[Block] = []
+        try:
+            # Copied out of the front end's arena: a decoupled model may keep its inputs for
+            # as long as it streams, and the front end frees them at the first frame sent.
+            responses = self._plane.infer_stream(_request(link, message, copy=True))
+            try:
+                while True:
+                    await credit.spend()
+                    response = await anext(responses, None)
+                    if response is None:  # ended without a final flag: the stream's contract
+                        raise InternalError("a response stream ended without its final response")
+                    outputs = [await self._place(client, t, placed) for t in response.outputs]
+                    link.send(encode(part(seq, response, outputs)))
+                    placed.clear()  # the front end releases them now
+                    if response.final:
+                        return
+            finally:
+                await _close(responses)  # where it did not end: gives the request up
+        except asyncio.CancelledError:  # answered by _start_infer once the task is done
+            self._unplace(client, placed)
+            raise
+        except Exception as exc:
+            self._unplace(client, placed)
+            if not isinstance(exc, InfermuxError):
+                logger.exception("stream %d on channel %s failed", seq, link.id)
+            link.send(encode(failure(seq, exc)))
 
     async def _place(self, client: _Client, tensor: Tensor, placed: list[Block]) -> WireTensor:
         block, wire = await client.link.put_tensor(tensor, f"output '{tensor.name}'")
@@ -295,6 +340,26 @@ class ChannelServer:
                 logger.exception("call %s on channel %s failed", message.method, client.link.id)
             reply = encode(failure(message.seq, exc))
         client.link.send(reply)
+
+
+def _request(link: Link, message: Infer, *, copy: bool) -> InferRequest:
+    """The request an :class:`Infer` frame carries; its inputs are views of the front end's
+    arena unless ``copy``."""
+    return InferRequest(
+        message.model,
+        message.version,
+        [read_tensor(link.endpoint.peer_arena, t, copy=copy) for t in message.inputs],
+        [RequestedOutput(name, parameters) for name, parameters in message.outputs],
+        message.id,
+        message.parameters,
+        message.trace,
+    )
+
+
+async def _close(responses: AsyncIterator[Any]) -> None:
+    aclose = getattr(responses, "aclose", None)  # an async generator's; the contract's close
+    if aclose is not None:
+        await aclose()
 
 
 def _forgot(entry: tuple[_Client, asyncio.Future[None]] | None) -> None:

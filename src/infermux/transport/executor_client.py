@@ -17,34 +17,44 @@ A request the client gives up on (its task here is cancelled: an HTTP disconnect
 cancellation or deadline) is cancelled in the executor too, by a :class:`~infermux.ipc.wire.
 Cancel` frame, so that it leaves the model's queue instead of running for nobody; its input
 blocks stay allocated until the executor's answer says it no longer reads them.
+
+A decoupled model's request is streamed (``streams.py``): its responses are yielded as their
+:class:`~infermux.ipc.wire.Part` frames arrive, and a reader that stops early (closes the
+iterator, or its task is cancelled) sends the same ``Cancel`` frame, which closes the request's
+stream in the executor: the model sees it cancelled. Which models are decoupled is learnt from
+the executor: ``infer_stream`` sends a request as any other (micro-batched, its shared memory
+read here) until the executor refuses it as decoupled, then streams that model's requests (one
+reloaded as not decoupled is still streamed: it answers with one final frame, as it should).
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import itertools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import Any
 
 from infermux.dataplane.operations import Operations
-from infermux.errors import InternalError, UnavailableError
+from infermux.dataplane.streams import decoupled_refusal
+from infermux.errors import ErrorCode, InfermuxError, InternalError, UnavailableError
 from infermux.ipc import Block, ChannelSpec, Endpoint
 from infermux.ipc.wire import (
     NO_DATA,
     Answer,
     Call,
     Cancel,
+    Credit,
     Failure,
     Forget,
     Forgotten,
-    Infer,
     Regroup,
     Release,
     Result,
+    WireTensor,
     encode,
+    infer_frame,
     raise_failure,
     read_tensor,
     to_frontend,
@@ -55,11 +65,12 @@ from infermux.types import (
     ServerMetadata,
 )
 
-from .calls import FILE_BLOCKS, RESULT
+from .calls import FILE_BLOCKS, RESULT, forwarded
 from .grouping import GROUP_LIMIT
 from .link import Link
 from .micro_batcher import MicroBatcher
 from .regions import RegionCopies, in_shared_memory
+from .streams import STREAM_WINDOW, Streams
 
 logger = logging.getLogger(__name__)
 
@@ -68,26 +79,6 @@ logger = logging.getLogger(__name__)
 class _Pending:
     future: asyncio.Future[Any]
     blocks: list[Block] = field(default_factory=list)  # input bytes the executor may still read
-
-
-P = ParamSpec("P")
-R = TypeVar("R")
-
-
-def forwarded(
-    operation: Callable[Concatenate[Any, P], Awaitable[R]],
-) -> Callable[Concatenate[RemoteExecutor, P], Coroutine[Any, Any, R]]:
-    """A :class:`RemoteExecutor` method that asks the executor for ``operation`` by name (a
-    ``Call`` frame) and returns its rebuilt result, with the operation's own signature."""
-    name = operation.__name__
-
-    async def forward(self: RemoteExecutor, /, *args: P.args, **kwargs: P.kwargs) -> R:
-        result: R = await self._call(name, *args, **kwargs)
-        return result
-
-    functools.update_wrapper(forward, operation)  # name, doc and signature: the operation's
-    forward.__qualname__ = f"RemoteExecutor.{name}"
-    return forward
 
 
 class RemoteExecutor:
@@ -109,6 +100,8 @@ class RemoteExecutor:
         self._probes: dict[tuple[str, ...], asyncio.Future[Any]] = {}  # readiness calls in flight
         self._link: Link | None = None
         self._pending: dict[int, _Pending] = {}
+        self._streams = Streams()  # streamed requests not over
+        self._decoupled: set[str] = set()  # models whose requests are streamed
         self._seq = itertools.count(1)
         self._released: list[int] = []  # answer blocks read, to hand back in one Release frame
         self._why_detached = "the executor is starting"
@@ -152,11 +145,13 @@ class RemoteExecutor:
         self._why_detached = why
         link, self._link = self._link, None
         pending, self._pending = self._pending, {}
+        streams, self._streams = self._streams, Streams()
         self._released.clear()
         self._batches.fail_all(UnavailableError(why))
         for entry in pending.values():
             if not entry.future.done():
                 entry.future.set_exception(UnavailableError(why))
+        streams.fail_all(UnavailableError(why))
         if link is not None:
             link.close()
 
@@ -169,7 +164,7 @@ class RemoteExecutor:
 
     def in_flight(self) -> int:
         """Requests and micro-batches sent and not answered yet."""
-        return len(self._pending) + self._batches.sent
+        return len(self._pending) + len(self._streams) + self._batches.sent
 
     def begin_shutdown(self) -> None:
         self._shutting_down = True
@@ -191,6 +186,9 @@ class RemoteExecutor:
             if isinstance(message, Forget):  # before any request of this iteration reads it
                 self._regions.forget(message.name)
                 link.send(encode(Forgotten(message.seq)))
+                continue
+            if message.seq in self._streams:
+                self._streams.answered(link, message, self.free)
                 continue
             if self._batches.answered(link, message):
                 continue
@@ -227,10 +225,46 @@ class RemoteExecutor:
 
     # -- inference --------------------------------------------------------------------------------
 
-    async def infer_stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
-        # One response, final: decoupled models are refused at load in this mode
-        # (dataplane/assembly.py says why), so every model served here answers once.
-        yield await self.infer(request)
+    async def infer_stream(self, request: InferRequest) -> AsyncGenerator[InferResponse]:
+        if request.model_name not in self._decoupled:
+            try:
+                response = await self.infer(request)
+            except InfermuxError as exc:
+                # Refused before it ran (nothing to undo): the model is decoupled, stream it.
+                if exc.code is not ErrorCode.UNSUPPORTED or exc.message != decoupled_refusal(
+                    request.model_name
+                ):
+                    raise
+                self._decoupled.add(request.model_name)
+            else:
+                yield response
+                return
+        async for response in self._stream(request):
+            yield response
+
+    async def _stream(self, request: InferRequest) -> AsyncGenerator[InferResponse]:
+        """``request`` streamed: its responses as they arrive. Closing this early (or
+        cancelling its reader) gives the request up in the executor."""
+        link = self.require()
+        blocks: list[Block] = []
+        inputs = await self._put_inputs(link, request, blocks)
+        seq = next(self._seq)
+        stream = self._streams.open(seq, blocks)
+        link.send(encode(infer_frame(seq, request, inputs, window=STREAM_WINDOW)))
+        try:
+            while True:
+                response = await stream.get()
+                credit = stream.took()
+                if credit and link is self._link:
+                    link.send(encode(Credit(seq, credit)))
+                yield response
+                if response.final:
+                    return
+        finally:
+            if not stream.over:  # the reader left: the executor closes the model's stream
+                stream.abandon()
+                if link is self._link:
+                    link.send(encode(Cancel(seq)))
 
     async def infer(self, request: InferRequest) -> InferResponse:
         link = self.require()
@@ -247,38 +281,31 @@ class RemoteExecutor:
             return await self._batches.infer(key, request)
         return await self.infer_one(link, request)
 
-    async def infer_one(self, link: Link, request: InferRequest) -> InferResponse:
-        entry = _Pending(asyncio.get_running_loop().create_future())
+    async def _put_inputs(
+        self, link: Link, request: InferRequest, blocks: list[Block]
+    ) -> list[WireTensor]:
+        """Write ``request``'s inputs into the arena (their blocks added to ``blocks``)."""
         inputs = []
         try:
             for tensor in request.inputs:
                 block, wire = await link.put_tensor(tensor, f"input '{tensor.name}'")
                 if block is not None:
-                    entry.blocks.append(block)
+                    blocks.append(block)
                 inputs.append(wire)
         except BaseException:
-            for block in entry.blocks:
+            for block in blocks:
                 link.release(block)
             raise
         if link.closed:  # detached while waiting for arena space
             raise UnavailableError(f"not ready: {self._why_detached}")
+        return inputs
+
+    async def infer_one(self, link: Link, request: InferRequest) -> InferResponse:
+        entry = _Pending(asyncio.get_running_loop().create_future())
+        inputs = await self._put_inputs(link, request, entry.blocks)
         seq = next(self._seq)
         self._pending[seq] = entry
-        link.send(
-            encode(
-                Infer(
-                    seq,
-                    request.model_name,
-                    request.model_version,
-                    request.id,
-                    request.parameters,
-                    inputs,
-                    [(o.name, o.parameters) for o in request.outputs],
-                    request.trace_context,
-                    request.deadline_ns,
-                )
-            )
-        )
+        link.send(encode(infer_frame(seq, request, inputs)))
         try:
             answer: Answer = await entry.future
         except asyncio.CancelledError:
@@ -302,14 +329,14 @@ class RemoteExecutor:
 
     # -- every other operation --------------------------------------------------------------------
 
-    async def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+    async def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """Call ``method`` in the executor; its rebuilt result."""
         return await self._call_naming(method, [], *args, **kwargs)
 
     async def _call_naming(
         self, method: str, blocks: list[Block], *args: Any, **kwargs: Any
     ) -> Any:
-        """:meth:`_call` whose arguments name arena ``blocks``, released once the executor
+        """:meth:`call` whose arguments name arena ``blocks``, released once the executor
         answered (it no longer reads them)."""
         link = self.require()
         seq = next(self._seq)
@@ -344,7 +371,7 @@ class RemoteExecutor:
         key = (method, *args)
         call = self._probes.get(key)
         if call is None or call.done():  # done: failed as its executor went (ask the new one)
-            call = asyncio.ensure_future(self._call(method, *args))
+            call = asyncio.ensure_future(self.call(method, *args))
             self._probes[key] = call
             call.add_done_callback(lambda done: self._probe_done(key, done))
         try:
@@ -366,7 +393,7 @@ class RemoteExecutor:
         files: Mapping[str, bytes] | None = None,
     ) -> None:
         if not files:
-            await self._call("load_model", name, config_override=config_override, files=files)
+            await self.call("load_model", name, config_override=config_override, files=files)
             return
         # A model's files may be far larger than a ring frame: they cross in the arena, as
         # tensors do, and the frame names their blocks (ChannelServer reads them back).
@@ -389,7 +416,7 @@ class RemoteExecutor:
 
     async def shm_register(self, name: str, key: str, offset: int, byte_size: int) -> None:
         epoch = self._regions.epoch
-        await self._call("shm_register", name, key, offset, byte_size)
+        await self.call("shm_register", name, key, offset, byte_size)
         if epoch == self._regions.epoch:  # no unregistration crossed the answer
             self._regions.learn(name, key, offset, byte_size)
 

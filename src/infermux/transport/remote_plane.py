@@ -18,7 +18,10 @@ instances of its own devices, so a model may be hosted by one executor or by sev
 - **readiness** needs every executor attached and ready, each answering within the readiness
   bound (``--executor-ready-timeout-ms``);
 - **cancellation** follows the request: the executor it was sent to is told
-  (``executor_client.py``).
+  (``executor_client.py``);
+- a **stream** (a decoupled model's responses) goes to one hosting executor, the least busy,
+  and stays there; it is retried elsewhere as a request is, and only while none of its
+  responses has been passed on.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 from infermux.errors import ErrorCode, FailureReason, InfermuxError, UnavailableError
@@ -36,12 +39,9 @@ from infermux.observability.logs import checked_log_changes, log_settings, updat
 from infermux.observability.trace_settings import checked_trace_changes
 from infermux.routing.router import TrafficReport
 from infermux.types import (
-    BatchStats,
     CudaSharedMemoryRegion,
-    Duration,
     InferRequest,
     InferResponse,
-    MemoryUsage,
     ModelMetadata,
     ModelStats,
     RepositoryIndexEntry,
@@ -50,6 +50,7 @@ from infermux.types import (
 )
 
 from .executor_client import RemoteExecutor
+from .merging import merge_index, merge_statistics
 
 T = TypeVar("T")
 
@@ -57,9 +58,6 @@ REJECTED, BACKEND = FailureReason.REJECTED, FailureReason.BACKEND
 _RETRIED = (ErrorCode.NOT_FOUND, ErrorCode.UNAVAILABLE)
 _STALE_S = 1.0
 """How old the host map may be before a model missing from it makes it be asked for again."""
-
-# Which of two rows for one model version the merged index shows: the most-ready one.
-_STATE_RANK = {"READY": 4, "LOADING": 3, "UNLOADING": 2, "UNAVAILABLE": 1, "": 0}
 
 
 class RemoteDataPlane:
@@ -172,9 +170,38 @@ class RemoteDataPlane:
     # -- inference --------------------------------------------------------------------------------
 
     async def infer_stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
-        # One response, final: decoupled models are refused at load in this mode
-        # (dataplane/assembly.py says why), so every model served here answers once.
-        yield await self.infer(request)
+        if len(self._executors) == 1:
+            async with contextlib.aclosing(self._executors[0].infer_stream(request)) as only:
+                async for response in only:
+                    yield response
+            return
+        chosen = self._least_busy(await self._hosts_of(request.model_name)) or self._fallback()
+        sent = False
+        try:
+            async with contextlib.aclosing(self._streamed(chosen, request)) as responses:
+                async for response in responses:
+                    sent = True
+                    yield response
+            return
+        except InfermuxError as exc:
+            if sent or not _retried(exc):  # once a response left, the stream is the client's
+                raise
+            retry = exc
+        other = await self._other_host(request, chosen, retry)
+        async with contextlib.aclosing(self._streamed(other, request)) as responses:
+            async for response in responses:
+                yield response
+
+    async def _streamed(
+        self, executor: RemoteExecutor, request: InferRequest
+    ) -> AsyncGenerator[InferResponse]:
+        self._busy[executor] = self._busy.get(executor, 0) + 1  # for as long as it streams
+        try:
+            async with contextlib.aclosing(executor.infer_stream(request)) as responses:
+                async for response in responses:
+                    yield response
+        finally:
+            self._busy[executor] -= 1
 
     async def infer(self, request: InferRequest) -> InferResponse:
         if len(self._executors) == 1:
@@ -184,20 +211,23 @@ class RemoteDataPlane:
         try:
             return await self._send(chosen, request)
         except InfermuxError as exc:
-            # Retried once elsewhere: an executor that went away, or one that does not serve
-            # the model now (unloaded behind this front end's back, reloading): nothing ran.
-            # Never a refusal (queue full, timed out: that is the answer, and retrying would
-            # add load where there is too much), nor what the model or the request caused.
-            if exc.code not in _RETRIED or exc.reason in (REJECTED, BACKEND):
+            if not _retried(exc):
                 raise
             retry = exc
+        return await self._send(await self._other_host(request, chosen, retry), request)
+
+    async def _other_host(
+        self, request: InferRequest, chosen: RemoteExecutor, retry: InfermuxError
+    ) -> RemoteExecutor:
+        """Where a request that ``chosen`` failed with ``retry`` (nothing ran) is sent again;
+        raises when there is none."""
         # Who was away when it failed: one that re-attaches while the map is asked for again
         # may be missing from the answer (asked before it was back), yet it may host the model.
         away = [e for e in self._executors if not e.attached]
         hosts = await self._hosts_of(request.model_name, refresh=True)
         other = self._least_busy([e for e in hosts if e is not chosen and e.attached])
         if other is not None:
-            return await self._send(other, request)
+            return other
         down = away or [e for e in self._executors if not e.attached]
         if retry.code is ErrorCode.NOT_FOUND and down:
             # Nobody here knows the model, but an executor that may host it is restarting.
@@ -365,6 +395,14 @@ class RemoteDataPlane:
         return answers[0]
 
 
+def _retried(exc: InfermuxError) -> bool:
+    """Whether a request that failed with ``exc`` is sent once more elsewhere: an executor that
+    went away, or one that does not serve the model now (unloaded behind this front end's back,
+    reloading): nothing ran. Never a refusal (queue full, timed out: that is the answer, and
+    retrying would add load where there is too much), nor what the model or the request caused."""
+    return exc.code in _RETRIED and exc.reason not in (REJECTED, BACKEND)
+
+
 async def _gather(
     executors: Iterable[RemoteExecutor], call: Callable[[RemoteExecutor], Awaitable[T]]
 ) -> list[T]:
@@ -375,62 +413,6 @@ async def _gather(
         if isinstance(result, BaseException):
             raise result
     return results  # type: ignore[return-value]  # no exception left in it
-
-
-def merge_statistics(parts: Iterable[list[ModelStats]]) -> list[ModelStats]:
-    """One :class:`ModelStats` per model version over every executor's: counts and durations
-    summed, per batch size too; the latest ``last_inference``; memory summed per device."""
-    merged: dict[tuple[str, str], list[ModelStats]] = {}
-    for part in parts:
-        for stats in part:
-            merged.setdefault((stats.name, stats.version), []).append(stats)
-    return [_merge_one(group) for _, group in sorted(merged.items())]
-
-
-def _merge_one(group: list[ModelStats]) -> ModelStats:
-    if len(group) == 1:
-        return group[0]
-    inference: dict[str, Duration] = {}
-    batches: dict[int, tuple[Duration, Duration, Duration]] = {}
-    memory: dict[tuple[str, int], int] = {}
-    for stats in group:
-        for key, duration in stats.inference_stats.items():
-            inference.setdefault(key, Duration()).add(duration.ns, duration.count)
-        for batch in stats.batch_stats:
-            sums = batches.setdefault(batch.batch_size, (Duration(), Duration(), Duration()))
-            for total, part in zip(
-                sums, (batch.compute_input, batch.compute_infer, batch.compute_output), strict=True
-            ):
-                total.add(part.ns, part.count)
-        for use in stats.memory_usage:
-            memory[(use.type, use.id)] = memory.get((use.type, use.id), 0) + use.byte_size
-    first = group[0]
-    return ModelStats(
-        first.name,
-        first.version,
-        max(s.last_inference for s in group),
-        sum(s.inference_count for s in group),
-        sum(s.execution_count for s in group),
-        inference,
-        tuple(BatchStats(size, *sums) for size, sums in sorted(batches.items())),
-        tuple(MemoryUsage(kind, device, size) for (kind, device), size in sorted(memory.items())),
-    )
-
-
-def merge_index(parts: Iterable[list[RepositoryIndexEntry]]) -> list[RepositoryIndexEntry]:
-    """The repository index over every executor: per model version the most-ready row (an
-    executor that does not host a model lists it without a version, or not at all)."""
-    best: dict[tuple[str, str], RepositoryIndexEntry] = {}
-    for part in parts:
-        for row in part:
-            key = (row.name, row.version)
-            held = best.get(key)
-            if held is None or _STATE_RANK.get(row.state, 0) > _STATE_RANK.get(held.state, 0):
-                best[key] = row
-    versioned = {name for name, version in best if version}
-    # A model some executor lists with versions needs no version-less row from the others.
-    rows = sorted(best.items())
-    return [row for (name, version), row in rows if version or name not in versioned]
 
 
 __all__ = ["RemoteDataPlane", "merge_index", "merge_statistics"]
