@@ -20,7 +20,6 @@ import httpx
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tests.support import ServerProcess, parameter, start_server, wait_for
@@ -350,7 +349,6 @@ def test_a_stall_inside_execute_fails_the_request_and_replaces_the_instance(
 def test_a_stall_after_execute_returned_ends_that_request_alone(
     server: ServerProcess, repository: Path
 ) -> None:
-    client = httpclient.InferenceServerClient(server.url)
     url = f"http://{server.url}/v2/models/triton_staller/generate_stream"
     started = time.monotonic()
     reply = httpx.post(url, json={"IN": [50, 8000, 50]}, timeout=30)
@@ -361,7 +359,6 @@ def test_a_stall_after_execute_returned_ends_that_request_alone(
     assert marker(repository / "triton_staller" / "ended") == "ended before 1"  # it was told
     restarts = timeout_restarts("triton_staller")
     assert scrape(server, restarts) == 0  # its execute had returned: the instance is kept
-    client.close()
 
 
 # -- statistics and metrics ---------------------------------------------------------------------

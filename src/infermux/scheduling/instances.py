@@ -112,7 +112,7 @@ class InstanceSlot:
     ``timeout_s`` (None: none) bounds each ``execute``; on overrun :meth:`execute` raises
     :class:`ExecutionTimeout` and the caller must :meth:`replace` the instance before giving it
     another batch. ``reload`` makes the replacement (None: the instance cannot be replaced and is
-    kept, stuck or not). ``gaps`` (the model's, when it is decoupled and has a timeout) watches
+    kept, stuck or not). ``gaps`` (the model's, when it has a timeout) watches
     the gaps between the responses of a batch whose requests stream.
     """
 
