@@ -310,6 +310,16 @@ INFER_STAT_KEYS = (
 )
 """Keys of Triton's ``inference_stats``, in Triton's order (all always present)."""
 
+RESPONSE_STAT_KEYS = (
+    "compute_infer",
+    "compute_output",
+    "success",
+    "fail",
+    "empty_response",
+    "cancel",
+)
+"""Keys of one entry of Triton's ``response_stats`` (``InferResponseStatistics``), in order."""
+
 
 @dataclass(frozen=True, slots=True)
 class BatchStats:
@@ -336,7 +346,9 @@ class ModelStats:
     """A snapshot of one model version's statistics (Triton's ``ModelStatistics``).
 
     ``inference_stats`` has every key of :data:`INFER_STAT_KEYS`; ``last_inference`` is in
-    milliseconds since the epoch (0 = never).
+    milliseconds since the epoch (0 = never). ``response_stats`` (decoupled models) maps a
+    response's index in its request ("0" the first) to its statistics, each with every key of
+    :data:`RESPONSE_STAT_KEYS`.
     """
 
     name: str
@@ -347,3 +359,4 @@ class ModelStats:
     inference_stats: dict[str, Duration]
     batch_stats: tuple[BatchStats, ...]
     memory_usage: tuple[MemoryUsage, ...] = ()
+    response_stats: dict[str, dict[str, Duration]] = field(default_factory=dict)

@@ -98,6 +98,11 @@ class ModelRequest:
     responses: ResponseStream | None = field(default=None, compare=False)
     """Set for a request to a decoupled model: where its responses go, then its final flag
     (``backends/responses.py``); its result from ``execute`` then only says whether it failed."""
+    cancelled: bool = field(default=False, compare=False)
+    """Set (from the event loop's thread) once nobody waits for this request's answer any more:
+    the client went away or cancelled it while it ran, or, for a decoupled model, the server
+    ended it (its execution timeout). A model may check it to stop early; what it still returns
+    or sends for the request is dropped."""
 
     @property
     def batch_size(self) -> int:

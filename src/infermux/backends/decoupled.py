@@ -6,19 +6,23 @@ The requests of a batch are driven together, on the instance's thread: sync iter
 one result each (so every request of the batch streams from the start), async iterators
 concurrently on the instance's own event loop. An iterator that ends sends the final flag (an
 empty final response); one that raises ends its request with that error; a yielded exception is
-an error response and the stream goes on. When a request's reader is gone its iterator is
-closed (``GeneratorExit`` at its ``yield``).
+an error response and the stream goes on. When a request is given up (its reader went away, or
+the server ended it: its execution timeout) its iterator is closed: ``GeneratorExit`` at the
+``yield`` it is suspended at, or ``aclose()`` for an async one; it is not advanced again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any
 
 from infermux.backends.base import ExecuteResult, ModelRequest
 from infermux.backends.responses import ResponseStream
 from infermux.errors import InternalError
+
+logger = logging.getLogger(__name__)
 
 
 def drive(
@@ -56,12 +60,14 @@ def drive(
     if tasks:
         if loop is None:
             raise InternalError(f"{source}: an async iterator needs the instance's event loop")
-        loop.run_until_complete(asyncio.gather(*(_pump(s, it) for s, it in tasks)))
+        loop.run_until_complete(_pump_all(tasks))
     return answers
 
 
 def _step(stream: ResponseStream, iterator: Iterator[Any]) -> bool:
     """Send the iterator's next result; False once its request is over."""
+    if _given_up(stream, iterator):  # while another request of the batch had its turn
+        return False
     try:
         item = next(iterator)
     except StopIteration:
@@ -71,12 +77,21 @@ def _step(stream: ResponseStream, iterator: Iterator[Any]) -> bool:
         stream.send(exc, final=True)
         return False
     stream.send(item)
+    return not _given_up(stream, iterator)
+
+
+def _given_up(stream: ResponseStream, iterator: Iterator[Any]) -> bool:
+    """The request was given up: its iterator is closed (GeneratorExit at its yield)."""
     if stream.cancelled:
-        close = getattr(iterator, "close", None)
-        if close is not None:
-            close()
-        return False
-    return True
+        _close(iterator)
+        return True
+    return False
+
+
+async def _pump_all(tasks: list[tuple[ResponseStream, AsyncIterator[Any]]]) -> None:
+    # Gathered inside the loop: asyncio.gather() called outside it looks for the thread's
+    # current loop, and an instance thread has none.
+    await asyncio.gather(*(_pump(stream, iterator) for stream, iterator in tasks))
 
 
 async def _pump(stream: ResponseStream, iterator: AsyncIterator[Any]) -> None:
@@ -84,11 +99,29 @@ async def _pump(stream: ResponseStream, iterator: AsyncIterator[Any]) -> None:
         async for item in iterator:
             stream.send(item)
             if stream.cancelled:
-                close = getattr(iterator, "aclose", None)
-                if close is not None:
-                    await close()
+                await _aclose(iterator)
                 return
     except Exception as exc:
         stream.send(exc, final=True)
         return
     stream.send(None, final=True)
+
+
+def _close(iterator: Iterator[Any]) -> None:
+    close = getattr(iterator, "close", None)
+    if close is None:
+        return
+    try:
+        close()
+    except Exception:  # its request is over: nobody to tell but the log
+        logger.exception("closing the generator of a cancelled request failed")
+
+
+async def _aclose(iterator: AsyncIterator[Any]) -> None:
+    close = getattr(iterator, "aclose", None)
+    if close is None:
+        return
+    try:
+        await close()
+    except Exception:
+        logger.exception("closing the async generator of a cancelled request failed")

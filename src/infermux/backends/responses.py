@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import threading
+import time
 
 from infermux.backends.base import ExecuteResult
 
@@ -21,6 +22,9 @@ RESPONSE_BUFFER = 16
 Sent = tuple[ExecuteResult | None, bool]
 """One response as sent: its result (None: no outputs, only the final flag) and the final flag."""
 
+Stamped = tuple[ExecuteResult | None, bool, int]
+"""One response as sent, and when it was sent (``perf_counter_ns``)."""
+
 
 class ResponseStream:
     """A bounded, thread-safe channel from a model to the reader of one request's responses.
@@ -28,28 +32,59 @@ class ResponseStream:
     ``send`` blocks while ``limit`` responses wait to be read: a client that stops reading holds
     the model back instead of growing the server's memory. It never blocks on the reader's own
     event-loop thread (that would deadlock; no model code runs there). Once the reader has gone
-    (:meth:`close`), sends are dropped and :attr:`cancelled` is True, so a model may stop early.
+    (:meth:`close`), or the server ended the request (:meth:`end`: it failed, or overran its
+    execution timeout), sends are dropped and :attr:`cancelled` is True, so a model may stop
+    early; it may still send its final flag (Triton asks for it even then).
+
+    The stream also keeps what the execution timeout of a decoupled model needs
+    (``scheduling/response_gaps.py``): when the model last made progress on the request, and
+    whether a send is held back by the reader (which is the client's slowness, not the model's).
     """
 
     def __init__(self, limit: int = RESPONSE_BUFFER) -> None:
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
         self._limit = max(1, limit)
-        self._items: collections.deque[Sent] = collections.deque()
+        self._items: collections.deque[Stamped] = collections.deque()
         self._changed = threading.Condition()
         self._waiter: asyncio.Future[None] | None = None
         self._final = False
         self._closed = False
+        self._ended = False
+        self._blocked = 0
+        self.progress_ns = time.perf_counter_ns()
+        """When the model last made progress on this request: its batch started (:meth:`begin`)
+        or one of its sends returned."""
+        self.resumed_ns = 0
+        """When a send that waited for the reader last went on (0: none waited)."""
+        self.started_ns = 0
+        """When the request's batch started executing (0: not yet)."""
 
     @property
     def cancelled(self) -> bool:
-        """The reader is gone: what is sent from now on is dropped."""
-        return self._closed
+        """The reader is gone, or the server ended the request: what is sent is dropped."""
+        return self._closed or self._ended
 
     @property
     def finished(self) -> bool:
         """The final flag has been sent."""
         return self._final
+
+    @property
+    def over(self) -> bool:
+        """Nothing more is expected from the model: it sent its final flag, the reader is gone,
+        or the server ended the request."""
+        return self._final or self._closed or self._ended
+
+    @property
+    def blocked(self) -> bool:
+        """A send waits for the reader to catch up."""
+        return self._blocked > 0
+
+    def begin(self) -> None:
+        """The request's batch starts executing: the time to its first response counts from
+        now (on the loop, before the model can send)."""
+        self.started_ns = self.progress_ns = time.perf_counter_ns()
 
     def send(self, result: ExecuteResult | None, *, final: bool = False) -> None:
         """Send one response (``result`` None: an empty one, which only a final flag makes
@@ -59,29 +94,43 @@ class ResponseStream:
                 raise RuntimeError("the final response of this request was already sent")
             self._final = final
             on_loop = threading.get_ident() == self._loop_thread
-            while len(self._items) >= self._limit and not self._closed and not on_loop:
-                self._changed.wait()
-            if self._closed:
+            if len(self._items) >= self._limit and not self.cancelled and not on_loop:
+                self._blocked += 1
+                try:
+                    while len(self._items) >= self._limit and not self.cancelled:
+                        self._changed.wait()
+                finally:
+                    self._blocked -= 1
+                self.resumed_ns = time.perf_counter_ns()
+            if self.cancelled:
                 return
-            self._items.append((result, final))
+            now = self.progress_ns = time.perf_counter_ns()
+            self._items.append((result, final, now))
             waiter, self._waiter = self._waiter, None
         if waiter is not None:
             self._loop.call_soon_threadsafe(_wake, waiter)
 
     def end(self, error: ExecuteResult) -> None:
         """End the stream with ``error`` unless the model already sent its final flag (the
-        request failed outside the model's responses: in the queue, or its batch). On the loop."""
+        request failed outside the model's responses: in the queue, its batch, or by its
+        execution timeout). What the model sends afterwards is dropped. On the loop."""
         with self._changed:
-            if self._final or self._closed:
+            if self.over:
                 return
-            self._final = True
-            self._items.append((error, True))
+            self._ended = True
+            self._items.append((error, True, time.perf_counter_ns()))
+            self._changed.notify_all()  # a sender waiting for room: its request is over
             waiter, self._waiter = self._waiter, None
         if waiter is not None:
             _wake(waiter)
 
     async def get(self) -> Sent:
         """The next response, waiting for it (on the loop the stream was made on)."""
+        result, final, _ = await self.get_stamped()
+        return result, final
+
+    async def get_stamped(self) -> Stamped:
+        """The next response and when the model sent it."""
         while True:
             with self._changed:
                 if self._items:

@@ -140,12 +140,19 @@ class TritonInstance:
             parameters=dict(request.parameters),
         )
         stream = request.responses
+        # request.is_cancelled(): the server sets request.cancelled when the client gives up
+        # (or, decoupled, closes the stream); read on the model's threads, a plain bool.
+        given._cancelled = lambda: request.cancelled
         if stream is not None:
 
             def send(response: pb_utils.InferenceResponse | None, final: bool) -> None:
                 stream.send(None if response is None else self._result(response, 0), final=final)
 
-            given._sender = pb_utils.InferenceResponseSender(send, lambda: stream.cancelled)
+            def cancelled() -> bool:
+                return stream.cancelled or request.cancelled
+
+            given._sender = pb_utils.InferenceResponseSender(send, cancelled)
+            given._cancelled = cancelled
         return given
 
     def _result(self, response: object, index: int) -> ExecuteResult:

@@ -23,11 +23,15 @@ def succeeded(
     rows: Sequence[int],
     *,
     log: bool,
+    first: bool = True,
 ) -> None:
     """Statistics for each request answered (one, or each of a micro-batch's); with ``log``
-    (``--log-verbose 2``), a line per request."""
+    (``--log-verbose 2``), a line per request. ``first``: this answer is also the request's
+    first response (False for a decoupled model's, counted as they come)."""
     elapsed = time.perf_counter_ns() - started
     for count in rows:
+        if first:
+            model.stats.record_first_response(elapsed)
         model.stats.record_success(
             batch_size=count,
             request_ns=elapsed,
@@ -53,9 +57,16 @@ def failed(
     started: int,
     reason: FailureReason,
     error: InfermuxError | None,
+    *,
+    first: bool = True,
 ) -> None:
-    """Statistics for a failed (or cancelled: ``error`` None) request; a debug line."""
-    model.stats.record_failure(time.perf_counter_ns() - started, reason)
+    """Statistics for a failed (or cancelled: ``error`` None) request; a debug line. A failure
+    the model answered (``BACKEND``) was the request's first response, unless ``first`` is
+    False (a decoupled model's, counted as they come)."""
+    elapsed = time.perf_counter_ns() - started
+    model.stats.record_failure(elapsed, reason)
+    if first and reason is FailureReason.BACKEND:
+        model.stats.record_first_response(elapsed)
     if not logger.isEnabledFor(logging.DEBUG):
         return
     logger.debug(

@@ -7,6 +7,7 @@ answer; everything they need is here, so HTTP, gRPC and any later front end beha
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -168,16 +169,18 @@ class DataPlane:
                 failed(model, request, started, exc.reason, exc)
                 raise
             log = self._log_requests
-            async for response in streams.answers(model, request, model_request, started, log):
-                if classes and response.outputs:
-                    batched = model.config.batching
-                    response.outputs = classified(
-                        response.outputs, classes, batched=batched, labels=model.labels
-                    )
-                response.outputs = self._regions.place_outputs(request, response.outputs)
-                if staged:
-                    response.outputs = self._shm.unstaged(response.outputs)
-                yield response
+            answers = streams.answers(model, request, model_request, started, log)
+            async with contextlib.aclosing(answers):  # a reader gone gives the request up now
+                async for response in answers:
+                    if classes and response.outputs:
+                        batched = model.config.batching
+                        response.outputs = classified(
+                            response.outputs, classes, batched=batched, labels=model.labels
+                        )
+                    response.outputs = self._regions.place_outputs(request, response.outputs)
+                    if staged:
+                        response.outputs = self._shm.unstaged(response.outputs)
+                    yield response
         finally:
             if staged:
                 self._shm.release(staged)

@@ -10,27 +10,35 @@ Prometheus scrapes; the request path pays nothing for it. It runs on the event l
 counters (the executor's, with several front-end processes), so metrics stay whole whichever
 process answered a request.
 
-Exposition is the Prometheus text format, but counter names are written as declared:
-prometheus-client's own writer appends ``_total`` to every counter, which would rename
-Triton's ``nv_inference_request_success`` (see docs/decisions.md).
+Exposition is the Prometheus text format, written by :mod:`infermux.observability.exposition`
+(which also merges several executors' families), re-exported here for the callers.
 """
 
 from __future__ import annotations
 
 import collections
 import functools
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
-from prometheus_client.utils import floatToGoString
 
 from infermux.backends.pb_utils.custom_metrics import CUSTOM_METRICS
 from infermux.backends.precision import PrecisionReport
 from infermux.errors import FailureReason
+from infermux.observability.exposition import (
+    CONTENT_TYPE,
+    MAX_MERGED,
+    FamilyData,
+    Sample,
+    family_data,
+    merge,
+    number,
+    render,
+)
 from infermux.observability.statistics import Histogram
 from infermux.repository import LoadedModel, ModelRepository
 from infermux.routing.router import Router
@@ -38,8 +46,27 @@ from infermux.routing.shadow import ShadowStats
 from infermux.runtime.memory import by_component, instance_memory
 from infermux.runtime.nvml import NVML, Nvml
 
+__all__ = [  # the exposition's names too, for the callers that reach it through this module
+    "CONTENT_TYPE",
+    "GPU",
+    "INFERMUX",
+    "MAX_MERGED",
+    "METRICS",
+    "MODEL",
+    "TRITON",
+    "Family",
+    "FamilyData",
+    "Kind",
+    "Sample",
+    "ServerCollector",
+    "family_data",
+    "merge",
+    "names",
+    "registry",
+    "render",
+]
+
 Kind = Literal["counter", "gauge", "histogram"]
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 MODEL = ("model", "version")
 
 
@@ -73,6 +100,11 @@ TRITON = _declare(
     Family("nv_inference_compute_output_duration_us", "counter", "Cumulative compute output (µs)"),
     Family("nv_inference_pending_request_count", "gauge", "Requests waiting for an instance"),
     Family("nv_model_load_duration_secs", "gauge", "Model load time in seconds"),
+    Family(
+        "nv_inference_first_response_histogram_ms",
+        "histogram",
+        "Duration from request to first response in milliseconds",
+    ),
 )
 
 # GPU gauges carry gpu_uuid and nothing else: perf_analyzer's --collect-metrics matches
@@ -103,6 +135,24 @@ INFERMUX = _declare(
         "Time one batch took on its instance (compute input + infer + output)",
     ),
     Family("infermux_batch_size", "histogram", "Rows per model execution (batch size)"),
+    Family(
+        "infermux_first_response_duration_seconds",
+        "histogram",
+        "Time from a request's arrival at the data plane to its first response",
+    ),
+    Family(
+        "infermux_response_interval_seconds",
+        "histogram",
+        "Time between consecutive responses of a request to a decoupled model, as the model "
+        "sent them",
+    ),
+    Family(
+        "infermux_responses_total",
+        "counter",
+        "Responses of decoupled models' requests by outcome: success, fail, empty (a final flag "
+        "alone) or cancel (the request was given up awaiting it); Triton's response_stats summed",
+        ("model", "version", "outcome"),
+    ),
     Family("infermux_requests_in_flight", "gauge", "Requests admitted and not yet answered"),
     Family(
         "infermux_instance_busy_seconds_total",
@@ -181,6 +231,16 @@ _HISTOGRAMS = {  # family -> (attribute of statistics.Histograms, scale to the e
     "infermux_queue_duration_seconds": ("queue", 1e-9),
     "infermux_compute_duration_seconds": ("compute", 1e-9),
     "infermux_batch_size": ("batch_size", 1.0),
+    "infermux_first_response_duration_seconds": ("first_response", 1e-9),
+    "infermux_response_interval_seconds": ("response_interval", 1e-9),
+    # Whole milliseconds, its bounds written as Triton writes them (le="100", not "100.0").
+    "nv_inference_first_response_histogram_ms": ("first_response_ms", 1),
+}
+_RESPONSE_OUTCOMES = {  # infermux_responses_total outcome -> Triton response_stats key
+    "success": "success",
+    "fail": "fail",
+    "empty": "empty_response",
+    "cancel": "cancel",
 }
 _DURATIONS = {  # family -> Triton statistics key, in microseconds
     "nv_inference_request_duration_us": "success",
@@ -252,6 +312,11 @@ def _model_samples(families: dict[str, Metric], model: LoadedModel) -> None:
     add("nv_inference_pending_request_count", model.scheduler.queued)
     add("nv_model_load_duration_secs", stats.load_seconds)
     add("infermux_requests_in_flight", model.scheduler.pending)
+    if snapshot.response_stats:
+        responses = snapshot.response_stats.values()
+        for outcome, key in _RESPONSE_OUTCOMES.items():
+            count = sum(stats[key].count for stats in responses)
+            add("infermux_responses_total", count, {"outcome": outcome})
     for instance, busy in zip(stats.instances, stats.busy_ns, strict=True):
         add("infermux_instance_busy_seconds_total", busy / 1e9, {"instance": instance})
     crashes = [int(getattr(i, "crashes", 0)) for i in model.instances]
@@ -326,7 +391,7 @@ def _histogram(family: Metric, labels: dict[str, str], histogram: Histogram, sca
 @functools.cache
 def _bucket_bounds(bounds: tuple[int, ...], scale: float) -> tuple[str, ...]:
     """The ``le`` label values of a histogram's buckets, ``+Inf`` last (formatted once)."""
-    return (*(_number(bound * scale) for bound in bounds), "+Inf")
+    return (*(number(bound * scale) for bound in bounds), "+Inf")
 
 
 def registry(
@@ -342,90 +407,6 @@ def registry(
     if process:
         ProcessCollector(registry=result)
     return result
-
-
-Sample = tuple[str, dict[str, str], float]
-FamilyData = tuple[str, str, str, list[Sample]]
-"""A family as plain data (name, help, type, samples), to cross processes."""
-
-MAX_MERGED = frozenset({"nv_model_load_duration_secs", "infermux_shadow_max_abs_diff"})
-"""Gauges merged over executors by their largest value; every other sample is summed."""
-
-
-def family_data(source: CollectorRegistry) -> list[FamilyData]:
-    """One executor's families as plain data, for the supervisor to merge."""
-    return [(f.name, f.documentation, f.type, [(s.name, s.labels, s.value) for s in f.samples])
-            for f in source.collect()]  # fmt: skip
-
-
-def merge(parts: Iterable[list[FamilyData]]) -> list[Metric]:
-    """Every executor's families as one exposition (several executors: ``--executors N``).
-    A model version hosted by several executors has its counters, durations, histogram buckets
-    and gauges summed (what one process serving all of it would show), load time and largest
-    shadow difference maximised. GPU and process families come from executor 0 alone."""
-    families: dict[str, Metric] = {}
-    values: dict[str, dict[tuple[str, tuple[tuple[str, str], ...]], Sample]] = {}
-    for part in parts:
-        for name, documentation, kind, samples in part:
-            if name not in families:
-                families[name] = Metric(name, documentation, kind)
-                values[name] = {}
-            held = values[name]
-            for sample_name, labels, value in samples:
-                key = (sample_name, tuple(labels.items()))
-                if key not in held:
-                    held[key] = (sample_name, labels, value)
-                elif name in MAX_MERGED:
-                    held[key] = (sample_name, labels, max(held[key][2], value))
-                else:
-                    held[key] = (sample_name, labels, held[key][2] + value)
-    for name, family in families.items():
-        for sample_name, labels, value in values[name].values():
-            family.add_sample(sample_name, labels, value)
-    return list(families.values())
-
-
-def render(source: CollectorRegistry | Iterable[Metric]) -> bytes:
-    """The Prometheus text exposition of every family in ``source``."""
-    families = source.collect() if isinstance(source, CollectorRegistry) else source
-    lines: list[str] = []
-    for family in families:
-        name, kind = family.name, family.type
-        # prometheus-client strips `_total` from the counters it makes (ProcessCollector's
-        # process_cpu_seconds_total); declared names are exposed as they are.
-        if kind == "counter" and any(s.name == f"{name}_total" for s in family.samples):
-            name = f"{name}_total"
-        lines.append(f"# HELP {name} {_escape_help(family.documentation)}")
-        lines.append(f"# TYPE {name} {kind if kind != 'unknown' else 'untyped'}")
-        lines.extend(_sample_line(s.name, s.labels, s.value) for s in family.samples)
-    lines.append("")
-    return "\n".join(lines).encode()
-
-
-def _sample_line(name: str, labels: dict[str, str], value: float) -> str:
-    if not labels:
-        return f"{name} {_number(value)}"
-    # Labels in the order they were added (model, version, then the family's own), which
-    # Prometheus accepts; a scrape formats thousands of samples on the event loop, so no sorting.
-    text = ",".join([f'{key}="{_escape_label(v)}"' for key, v in labels.items()])
-    return f"{name}{{{text}}} {_number(value)}"
-
-
-def _number(value: float) -> str:
-    """A value as Prometheus writes it (``+Inf``, ``1e+06``; integers as integers)."""
-    if type(value) is int:
-        return str(value)
-    return str(floatToGoString(value))  # type: ignore[no-untyped-call]  # untyped in the library
-
-
-def _escape_help(text: str) -> str:
-    return text.replace("\\", r"\\").replace("\n", r"\n")
-
-
-def _escape_label(text: str) -> str:
-    if "\\" not in text and "\n" not in text and '"' not in text:
-        return text  # nearly always: model names, versions, reasons
-    return text.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
 
 
 def names(families: Sequence[Family] | None = None) -> set[str]:

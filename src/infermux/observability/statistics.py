@@ -15,7 +15,14 @@ import time
 from collections.abc import Callable, Sequence
 
 from infermux.errors import FailureReason
-from infermux.types import INFER_STAT_KEYS, BatchStats, Duration, MemoryUsage, ModelStats
+from infermux.types import (
+    INFER_STAT_KEYS,
+    RESPONSE_STAT_KEYS,
+    BatchStats,
+    Duration,
+    MemoryUsage,
+    ModelStats,
+)
 
 # From 50 µs (a no-op model in process) to 10 s (a large model under load), about 2.5x apart.
 LATENCY_BUCKETS_NS = tuple(
@@ -26,6 +33,8 @@ LATENCY_BUCKETS_NS = tuple(
     )
 )  # fmt: skip
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+FIRST_RESPONSE_BUCKETS_MS = (100, 500, 2000, 5000)
+"""Triton's default buckets of ``nv_inference_first_response_histogram_ms`` (milliseconds)."""
 
 
 class Histogram:
@@ -49,16 +58,28 @@ class Histogram:
 
 
 class Histograms:
-    """The metrics' histograms of one model version: per request (request and queue time) and
-    per execution (compute time and batch size)."""
+    """The metrics' histograms of one model version: per request (request and queue time, time
+    to its first response, twice: Triton's milliseconds and infermux's finer buckets), per
+    execution (compute time and batch size), and between a decoupled model's responses."""
 
-    __slots__ = ("batch_size", "compute", "queue", "request")
+    __slots__ = (
+        "batch_size",
+        "compute",
+        "first_response",
+        "first_response_ms",
+        "queue",
+        "request",
+        "response_interval",
+    )
 
     def __init__(self) -> None:
         self.request = Histogram(LATENCY_BUCKETS_NS)
         self.queue = Histogram(LATENCY_BUCKETS_NS)
         self.compute = Histogram(LATENCY_BUCKETS_NS)
         self.batch_size = Histogram(BATCH_SIZE_BUCKETS)
+        self.first_response = Histogram(LATENCY_BUCKETS_NS)
+        self.first_response_ms = Histogram(FIRST_RESPONSE_BUCKETS_MS)
+        self.response_interval = Histogram(LATENCY_BUCKETS_NS)
 
 
 class _BatchDurations:
@@ -91,6 +112,7 @@ class ModelStatistics:
         self._last_inference_ms = 0
         self._stats = {key: Duration() for key in INFER_STAT_KEYS}
         self._batches: dict[int, _BatchDurations] = {}
+        self._responses: dict[int, dict[str, Duration]] = {}  # by index in the request
         self.failures = dict.fromkeys(FailureReason, 0)
         """Failed requests by reason (they add up to the ``fail`` count)."""
         self.instances = tuple(instances)
@@ -152,6 +174,38 @@ class ModelStatistics:
         self._stats["fail"].add(request_ns)
         self.failures[reason] += 1
 
+    def record_first_response(self, request_ns: int) -> None:
+        """A request's first response left ``request_ns`` after the request arrived (every
+        model: the only response of a non-decoupled one; only the metrics keep it)."""
+        if self.histograms is not None:
+            self.histograms.first_response.observe(request_ns)
+            # Triton observes whole milliseconds (its duration divided by 10^6).
+            self.histograms.first_response_ms.observe(request_ns // 1_000_000)
+
+    def record_response(self, index: int, outcome: str, infer_ns: int, output_ns: int) -> None:
+        """Response number ``index`` (0: the first) of a request to a decoupled model, as
+        Triton's response statistics count it: ``outcome`` is ``success``, ``fail`` or
+        ``empty_response``; ``infer_ns`` the time the model took to send it (since its previous
+        response, or its batch's start), ``output_ns`` the time its outputs took."""
+        stats = self._response(index)
+        stats["compute_infer"].add(infer_ns)
+        if outcome == "success" or output_ns:  # a failed or empty one made no outputs
+            stats["compute_output"].add(output_ns)
+        stats[outcome].add(infer_ns + output_ns)
+        if index and self.histograms is not None:
+            self.histograms.response_interval.observe(infer_ns)
+
+    def record_response_cancel(self, index: int, waited_ns: int) -> None:
+        """The request was given up while response number ``index`` was awaited, ``waited_ns``
+        after its previous response (or its batch's start)."""
+        self._response(index)["cancel"].add(waited_ns)
+
+    def _response(self, index: int) -> dict[str, Duration]:
+        stats = self._responses.get(index)
+        if stats is None:
+            stats = self._responses[index] = {key: Duration() for key in RESPONSE_STAT_KEYS}
+        return stats
+
     def snapshot(self) -> ModelStats:
         """A copy of the counters (safe to serialise while requests keep running)."""
         return ModelStats(
@@ -171,4 +225,8 @@ class ModelStatistics:
                 for size, b in sorted(self._batches.items())
             ),
             memory_usage=self._memory() if self._memory is not None else (),
+            response_stats={
+                str(index): {k: Duration(d.count, d.ns) for k, d in stats.items()}
+                for index, stats in self._responses.items()
+            },
         )

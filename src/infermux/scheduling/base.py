@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -41,6 +41,10 @@ class Response:
     completion: Completion | None = None
     flag_only: bool = False
     """No response came with this flag (the model sent the final flag alone)."""
+    compute_infer_ns: int = 0
+    """From the model's previous response (the first: from its batch's start) to this one."""
+    compute_output_ns: int = 0
+    """Turning this response's result into output tensors."""
 
 
 class Scheduler(Protocol):
@@ -58,11 +62,12 @@ class Scheduler(Protocol):
         """
         ...
 
-    def submit_stream(self, request: ModelRequest) -> AsyncIterator[Response]:
+    def submit_stream(self, request: ModelRequest) -> AsyncGenerator[Response]:
         """Run ``request`` on a decoupled model: its responses in the order the model sent
         them, the last one final. A failure before the model answered (queue, batch) is a
-        final response with that error. Closing the iterator early cancels the request as
-        cancelling :meth:`submit` does, and the model's later responses are dropped."""
+        final response with that error. Closing the generator early (``aclose``) cancels the
+        request as cancelling :meth:`submit` does: the request is marked ``cancelled`` for the
+        model to see, and the model's later responses are dropped."""
         ...
 
     @property

@@ -19,7 +19,6 @@ from collections.abc import AsyncGenerator, Callable, Sequence
 
 from infermux.backends.base import BackendInstance, ExecuteResult, ModelRequest
 from infermux.backends.outputs import to_output_tensors
-from infermux.backends.responses import ResponseStream
 from infermux.errors import FailureReason, InfermuxError, InternalError, RejectedError
 from infermux.model_config import DynamicBatchingConfig, ModelConfig
 from infermux.observability.statistics import ModelStatistics
@@ -27,6 +26,8 @@ from infermux.observability.tracing import TRACING
 from infermux.scheduling.base import Completion, Finisher, Response
 from infermux.scheduling.instances import ExecutionTimeout, InstanceSlot, Reload
 from infermux.scheduling.queue import TIMED_OUT, Pending, RequestQueue
+from infermux.scheduling.response_gaps import ResponseGaps
+from infermux.scheduling.streaming import stream_responses
 from infermux.types import Tensor
 
 logger = logging.getLogger(__name__)
@@ -41,8 +42,9 @@ class DynamicBatcher:
     policy. ``max_batch_size`` bounds the rows of one batch. ``finish`` turns each request's raw
     result into its outputs right after its batch ran (timed as compute_output). ``compatible``,
     when given, keeps requests that cannot be stacked together out of one batch.
-    ``execution_timeout_s`` bounds one ``execute``; ``reloads`` (one per instance) make the
-    replacement of an instance that overran it, and ``replaced(index, instance)`` is told.
+    ``execution_timeout_s`` bounds one ``execute`` (for a request to a decoupled model: each gap
+    between its responses, ``scheduling/response_gaps.py``); ``reloads`` (one per instance) make
+    the replacement of an instance that overran it, and ``replaced(index, instance)`` is told.
     """
 
     def __init__(
@@ -77,6 +79,8 @@ class DynamicBatcher:
         self._in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
+        # A decoupled model's timeout bounds each gap between responses, not the whole batch.
+        self._gaps = ResponseGaps(execution_timeout_s) if execution_timeout_s else None
         self._slots = [
             InstanceSlot(
                 _label(name, stats, i),
@@ -84,6 +88,7 @@ class DynamicBatcher:
                 instance,
                 reload=reloads[i] if i < len(reloads) else None,
                 timeout_s=execution_timeout_s,
+                gaps=self._gaps,
             )
             for i, instance in enumerate(instances)
         ]
@@ -177,6 +182,7 @@ class DynamicBatcher:
                 self._queue.remove(pending)
                 pending.future.cancel()
             elif pending.batch_done is not None and not pending.batch_done.done():
+                pending.request.cancelled = True  # the model may see it and stop early
                 # In a running batch, which cannot be interrupted: its result is dropped, but
                 # the cancellation completes only when the batch ends, because until then the
                 # model may read the request's inputs (which, across processes, are views of
@@ -196,52 +202,8 @@ class DynamicBatcher:
         assert completion is not None
         return completion
 
-    async def submit_stream(self, request: ModelRequest) -> AsyncGenerator[Response]:
-        stream = request.responses = ResponseStream()
-        # The request is queued and batched as any other; its answers do not wait for the
-        # batch to end (the model sends them while it runs, and may go on after it).
-        task = self._loop.create_task(self.submit(request))
-        task.add_done_callback(lambda done: _end_stream(stream, done))
-        try:
-            while True:
-                result, final = await stream.get()
-                if final:
-                    yield await self._last(request, result, task)
-                    return
-                yield self._response(request, result)
-        finally:
-            stream.close()
-            if not task.done():
-                task.cancel()
-                with contextlib.suppress(BaseException):
-                    await task
-
-    def _response(self, request: ModelRequest, result: ExecuteResult | None) -> Response:
-        if result is None:
-            return Response([], flag_only=True)
-        try:
-            return Response(self._finish(request, result))
-        except InfermuxError as exc:
-            return Response([], _from_backend(exc))
-        except Exception as exc:
-            logger.exception("model '%s': handling a response failed", self._name)
-            return Response([], _from_backend(InternalError(f"model '{self._name}': {exc}")))
-
-    async def _last(
-        self, request: ModelRequest, result: ExecuteResult | None, task: asyncio.Task[Completion]
-    ) -> Response:
-        try:
-            completion = await asyncio.shield(task)  # the batch it ran in is over
-        except InfermuxError as exc:  # the request failed (queue, batch, its own result)
-            return Response([], exc, final=True)
-        response = self._response(request, result)
-        return Response(
-            response.outputs,
-            response.error,
-            final=True,
-            completion=completion,
-            flag_only=response.flag_only,
-        )
+    def submit_stream(self, request: ModelRequest) -> AsyncGenerator[Response]:
+        return stream_responses(self._name, request, self.submit, self._finish)
 
     async def close(self) -> None:
         self._closing = True
@@ -249,6 +211,8 @@ class DynamicBatcher:
         for worker in self._workers:
             worker.cancel()
         await asyncio.gather(*self._workers, return_exceptions=True)
+        if self._gaps is not None:
+            await self._gaps.close()
         for slot in self._slots:
             await slot.close()
 
@@ -310,6 +274,9 @@ class DynamicBatcher:
             self._wakeup.set()  # another idle worker may form the next batch meanwhile
         dequeued = time.perf_counter_ns()
         requests = [p.request for p in batch]
+        for request in requests:
+            if request.responses is not None:
+                request.responses.begin()  # its first response is timed from here
         try:
             results, started, ended = await slot.execute(requests)
         except ExecutionTimeout as exc:
@@ -398,15 +365,6 @@ def _fail_all(batch: list[Pending], error: InfermuxError) -> None:
     for pending in batch:
         if not pending.future.done():
             pending.future.set_exception(error)
-
-
-def _end_stream(stream: ResponseStream, submitted: asyncio.Task[Completion]) -> None:
-    """A decoupled request failed before its model sent its final response: end it so."""
-    if submitted.cancelled():
-        return
-    error = submitted.exception()
-    if error is not None:
-        stream.end(error if isinstance(error, Exception) else InternalError(str(error)))
 
 
 def _release_after(previous: asyncio.Future[None] | None, gate: asyncio.Future[None]) -> None:

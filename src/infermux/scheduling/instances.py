@@ -14,6 +14,10 @@ behind the stuck call, and a fresh instance is loaded on a fresh thread. Instanc
 daemon threads so that an abandoned one never holds up the process's exit. An instance that can
 stop its own work (``abort``, a process-isolated Python model kills its worker) is aborted and
 kept instead: it restarts itself.
+
+For a decoupled model the timeout bounds each gap between a request's responses instead of the
+whole ``execute`` (``scheduling/response_gaps.py``): a stall while ``execute`` runs is handled
+as above; one after it returned ends only the request that stalled.
 """
 
 from __future__ import annotations
@@ -31,7 +35,8 @@ from concurrent.futures import Executor, Future
 from typing import Any, TypeVar
 
 from infermux.backends.base import BackendInstance, Collect, ExecuteResult, ModelRequest
-from infermux.errors import UnavailableError
+from infermux.errors import FailureReason, UnavailableError
+from infermux.scheduling.response_gaps import ResponseGaps
 
 logger = logging.getLogger(__name__)
 
@@ -107,7 +112,8 @@ class InstanceSlot:
     ``timeout_s`` (None: none) bounds each ``execute``; on overrun :meth:`execute` raises
     :class:`ExecutionTimeout` and the caller must :meth:`replace` the instance before giving it
     another batch. ``reload`` makes the replacement (None: the instance cannot be replaced and is
-    kept, stuck or not).
+    kept, stuck or not). ``gaps`` (the model's, when it has a timeout) watches
+    the gaps between the responses of a batch whose requests stream.
     """
 
     def __init__(
@@ -118,12 +124,14 @@ class InstanceSlot:
         *,
         reload: Reload | None = None,
         timeout_s: float | None = None,
+        gaps: ResponseGaps | None = None,
     ) -> None:
         self.label = label
         self._thread_name = thread_name
         self.instance = instance
         self._reload = reload
         self._timeout_s = timeout_s
+        self._gaps = gaps
         # Made on first use: an instance whose every batch launches from the loop never needs one.
         self._thread: InstanceThread | None = None
 
@@ -145,12 +153,52 @@ class InstanceSlot:
         running = loop.run_in_executor(self._worker(), _timed_execute, self.instance, requests)
         if self._timeout_s is None:
             return await running
+        if self._gaps is not None and any(r.responses is not None for r in requests):
+            return await self._watched(running, requests, self._gaps)
         try:
             # shield: cancelling the wrapper must not try to cancel a call that is running.
             return await asyncio.wait_for(asyncio.shield(running), self._timeout_s)
         except (TimeoutError, asyncio.TimeoutError):  # distinct classes on Python 3.10
             running.add_done_callback(_ignore_result)
             raise self._timed_out() from None
+
+    async def _watched(
+        self,
+        running: asyncio.Future[tuple[Sequence[ExecuteResult], int, int]],
+        requests: list[ModelRequest],
+        gaps: ResponseGaps,
+    ) -> tuple[Sequence[ExecuteResult], int, int]:
+        """A decoupled batch: ``execute`` may run as long as its requests keep answering."""
+        batch = gaps.watch(requests, self._expire)
+        try:
+            await asyncio.wait((running, batch.stalled), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            batch.executed()
+        if running.done():
+            return running.result()
+        running.add_done_callback(_ignore_result)
+        raise ExecutionTimeout(
+            f"{self.label} sent no response within its execution timeout "
+            f"({self._timeout_ms:g} ms, which bounds each gap between the responses of a "
+            "decoupled model); the instance is replaced"
+        )
+
+    def _expire(self, request: ModelRequest) -> None:
+        """A request stalled after its batch's ``execute`` returned: end it alone."""
+        error = ExecutionTimeout(
+            f"{self.label}: request '{request.id}' got no response within the execution "
+            f"timeout ({self._timeout_ms:g} ms, which bounds each gap between the responses of "
+            "a decoupled model); the request is ended"
+        )
+        error.reason = FailureReason.BACKEND
+        logger.warning("%s", error.message)
+        request.cancelled = True
+        if request.responses is not None:
+            request.responses.end(error)
+
+    @property
+    def _timeout_ms(self) -> float:
+        return (self._timeout_s or 0) * 1000
 
     async def _launched(
         self, launch: Callable[..., Collect | None], requests: list[ModelRequest]
@@ -181,7 +229,7 @@ class InstanceSlot:
     def _timed_out(self) -> ExecutionTimeout:
         return ExecutionTimeout(
             f"{self.label} did not finish within its "
-            f"execution timeout ({(self._timeout_s or 0) * 1000:g} ms); the instance is replaced"
+            f"execution timeout ({self._timeout_ms:g} ms); the instance is replaced"
         )
 
     async def replace(self, closing: Callable[[], bool]) -> None:

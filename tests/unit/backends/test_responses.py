@@ -57,3 +57,48 @@ async def test_end_finishes_a_stream_with_an_error() -> None:
     stream.end(error)
     assert await stream.get() == ({"a": 1}, False)
     assert await stream.get() == (error, True)
+
+
+async def test_after_the_server_ends_a_stream_the_models_sends_are_dropped() -> None:
+    stream = ResponseStream()
+    stream.send({"a": 1})
+    assert state(stream) == (False, False)
+    stream.end(TimeoutError("stalled"))
+    assert state(stream) == (True, True)  # the model may see it and stop
+    stream.send({"late": 2})  # dropped, not an error: the model did nothing wrong
+    stream.send(None, final=True)  # its final flag, which Triton asks for even then
+    assert await stream.get() == ({"a": 1}, False)
+    error, final = await stream.get()
+    assert isinstance(error, TimeoutError)
+    assert final
+
+
+async def test_a_send_waiting_for_the_reader_is_seen_as_blocked() -> None:
+    stream = ResponseStream(limit=1)
+    stream.begin()
+    started = stream.started_ns
+    stream.send({"i": 0})
+    assert stream.progress_ns >= started
+    assert stream.resumed_ns == 0
+    sender = threading.Thread(target=stream.send, args=({"i": 1},))
+    sender.start()
+    for _ in range(100):
+        if stream.blocked:
+            break
+        await asyncio.sleep(0.01)
+    assert stream.blocked  # the reader is behind: not the model's delay
+    result, _, sent_ns = await stream.get_stamped()
+    assert result == {"i": 0}
+    assert sent_ns >= started
+    sender.join(2)
+    assert not blocked(stream)
+    assert stream.resumed_ns >= sent_ns
+    assert await stream.get() == ({"i": 1}, False)
+
+
+def state(stream: ResponseStream) -> tuple[bool, bool]:
+    return stream.cancelled, stream.over
+
+
+def blocked(stream: ResponseStream) -> bool:
+    return stream.blocked

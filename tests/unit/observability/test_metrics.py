@@ -124,10 +124,20 @@ async def test_counts_and_label_sets_after_known_traffic(server: Server) -> None
     assert series[("infermux_batch_size_bucket", picky | {("le", "1.0")})] == 4
     instance = picky | {("instance", "picky_0_cpu_0")}
     assert series[("infermux_instance_busy_seconds_total", instance)] > 0
+    # Time to first response: every answer the model gave, successes and its own errors (the
+    # invalid input never reached it), in Triton's milliseconds and Triton's default buckets.
+    first = "nv_inference_first_response_histogram_ms"
+    assert types[first] == "histogram"
+    assert series[(f"{first}_count", picky)] == 5
+    triton_bounds = {dict(key)["le"] for (name, key) in series if name == f"{first}_bucket"}
+    assert triton_bounds == {"100", "500", "2000", "5000", "+Inf"}
+    assert series[("infermux_first_response_duration_seconds_count", picky)] == 5
     # Every model version has the same label names on every Triton family.
     for (name, key), _ in series.items():
         if name.startswith("nv_inference_request_failure"):
             assert {k for k, _ in key} == {"model", "version", "reason"}
+        elif name.startswith(f"{first}_bucket"):
+            assert {k for k, _ in key} == {"model", "version", "le"}
         elif name.startswith(("nv_inference", "nv_model")):
             assert {k for k, _ in key} == {"model", "version"}
 

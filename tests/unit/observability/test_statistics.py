@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from infermux.observability.statistics import ModelStatistics
-from infermux.types import INFER_STAT_KEYS
+from infermux.types import INFER_STAT_KEYS, RESPONSE_STAT_KEYS
 
 
 def test_counts_follow_triton_semantics() -> None:
@@ -34,3 +34,45 @@ def test_counts_follow_triton_semantics() -> None:
     # A snapshot is a copy: later records do not change it.
     stats.record_failure(1)
     assert snap.inference_stats["fail"].count == 1
+
+
+def test_response_statistics_follow_triton_per_response_semantics() -> None:
+    stats = ModelStatistics("m", 1, histograms=True)
+    assert stats.snapshot().response_stats == {}  # a model that never streamed: none
+    stats.record_response(0, "success", 100, 10)
+    stats.record_response(1, "fail", 200, 0)  # an error response: no outputs made
+    stats.record_response(2, "empty_response", 5, 0)  # the final flag alone
+    stats.record_response(0, "success", 300, 30)  # the next request's first
+    stats.record_response_cancel(1, 70)  # it was given up awaiting its second
+    snap = stats.snapshot().response_stats
+    assert list(snap) == ["0", "1", "2"]
+    assert list(snap["0"]) == list(RESPONSE_STAT_KEYS)
+    first = {key: (d.count, d.ns) for key, d in snap["0"].items()}
+    assert first == {
+        "compute_infer": (2, 400),
+        "compute_output": (2, 40),
+        "success": (2, 440),
+        "fail": (0, 0),
+        "empty_response": (0, 0),
+        "cancel": (0, 0),
+    }
+    second = {key: (d.count, d.ns) for key, d in snap["1"].items()}
+    assert second["compute_infer"] == (1, 200)
+    assert second["compute_output"] == (0, 0)
+    assert (second["fail"], second["cancel"]) == ((1, 200), (1, 70))
+    assert (snap["2"]["empty_response"].count, snap["2"]["compute_infer"].count) == (1, 1)
+    assert stats.histograms is not None
+    assert stats.histograms.response_interval.count == 2  # gaps: responses after the first
+    stats.record_response(0, "success", 1, 1)
+    assert snap["0"]["success"].count == 2  # the snapshot is a copy
+
+
+def test_first_response_is_observed_in_tritons_whole_milliseconds() -> None:
+    stats = ModelStatistics("m", 1, histograms=True)
+    stats.record_first_response(250_000_000)  # 250 ms
+    stats.record_first_response(99_999_999)  # 99.99 ms counts as 99, as Triton truncates
+    assert stats.histograms is not None
+    assert stats.histograms.first_response_ms.counts == [1, 1, 0, 0, 0]
+    assert stats.histograms.first_response_ms.sum == 349
+    assert stats.histograms.first_response.count == 2
+    ModelStatistics("m", 1).record_first_response(1)  # metrics off: nothing to observe

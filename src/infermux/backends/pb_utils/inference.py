@@ -70,6 +70,7 @@ class InferenceRequest:
     """One request: given to ``execute``, or built by a model to call another (BLS)."""
 
     _sender: InferenceResponseSender | None = None  # set for a decoupled model's requests
+    _cancelled: Callable[[], bool] | None = None  # set for a request given to execute()
 
     def __init__(  # noqa: PLR0917  (Triton's signature, positions included)
         self,
@@ -121,7 +122,9 @@ class InferenceRequest:
         return self._model_name
 
     def is_cancelled(self) -> bool:
-        # A decoupled request's client gone; otherwise the batch finishes and is not told.
+        """The client gave the request up (or, decoupled, the server ended it) while it ran."""
+        if self._cancelled is not None:
+            return self._cancelled()
         return self._sender is not None and self._sender.is_cancelled()
 
     def get_response_sender(self) -> InferenceResponseSender:

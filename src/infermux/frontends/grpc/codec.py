@@ -293,6 +293,11 @@ def statistics_response(stats: Sequence[ModelStats]) -> Message:
                 target.count, target.ns = duration.count, duration.ns
         for memory in model.memory_usage:
             entry.memory_usage.add(type=memory.type, id=memory.id, byte_size=memory.byte_size)
+        for index, durations in model.response_stats.items():
+            stats = entry.response_stats[index]
+            for key, duration in durations.items():
+                target = getattr(stats, key)
+                target.count, target.ns = duration.count, duration.ns
     return response
 
 

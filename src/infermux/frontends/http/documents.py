@@ -71,7 +71,10 @@ def statistics(stats: list[ModelStats]) -> dict[str, Any]:
                 "memory_usage": [
                     {"type": m.type, "id": m.id, "byte_size": m.byte_size} for m in s.memory_usage
                 ],
-                "response_stats": {},
+                "response_stats": {
+                    index: {key: _duration(d) for key, d in durations.items()}
+                    for index, durations in s.response_stats.items()
+                },
             }
             for s in stats
         ]

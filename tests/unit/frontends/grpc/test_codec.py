@@ -337,6 +337,10 @@ def test_statistics_keep_exact_counts() -> None:
         execution_count=7,
         inference_stats={"success": Duration(4, 1000), "fail": Duration(1, 50)},
         batch_stats=(BatchStats(2, Duration(1, 10), Duration(1, 20), Duration(1, 30)),),
+        response_stats={
+            "0": {"compute_infer": Duration(3, 300), "success": Duration(3, big)},
+            "1": {"cancel": Duration(1, 9)},
+        },
     )
     message = codec.statistics_response([stats])
     (entry,) = message.model_stats
@@ -348,6 +352,13 @@ def test_statistics_keep_exact_counts() -> None:
     (batch,) = entry.batch_stats
     assert batch.batch_size == 2
     assert [batch.compute_input.ns, batch.compute_infer.ns, batch.compute_output.ns] == [10, 20, 30]
+    # Triton's per-response statistics of a decoupled model, keyed by the response's index.
+    assert sorted(entry.response_stats) == ["0", "1"]
+    first = entry.response_stats["0"]
+    assert (first.compute_infer.count, first.compute_infer.ns) == (3, 300)
+    assert (first.success.count, first.success.ns) == (3, big)
+    assert entry.response_stats["1"].cancel.ns == 9
+    assert entry.response_stats["1"].fail.count == 0
 
 
 def test_metadata_index_shm_and_config_responses() -> None:
