@@ -13,7 +13,7 @@ _STATE_RANK = {"READY": 4, "LOADING": 3, "UNLOADING": 2, "UNAVAILABLE": 1, "": 0
 
 def merge_statistics(parts: Iterable[list[ModelStats]]) -> list[ModelStats]:
     """One :class:`ModelStats` per model version over every executor's: counts and durations
-    summed, per batch size too; the latest ``last_inference``; memory summed per device."""
+    summed, per batch size and per response index too; the latest ``last_inference``; memory summed per device."""
     merged: dict[tuple[str, str], list[ModelStats]] = {}
     for part in parts:
         for stats in part:
@@ -27,7 +27,12 @@ def _merge_one(group: list[ModelStats]) -> ModelStats:
     inference: dict[str, Duration] = {}
     batches: dict[int, tuple[Duration, Duration, Duration]] = {}
     memory: dict[tuple[str, int], int] = {}
+    responses: dict[str, dict[str, Duration]] = {}
     for stats in group:
+        for index, entry in stats.response_stats.items():
+            sums = responses.setdefault(index, {})
+            for key, duration in entry.items():
+                sums.setdefault(key, Duration()).add(duration.ns, duration.count)
         for key, duration in stats.inference_stats.items():
             inference.setdefault(key, Duration()).add(duration.ns, duration.count)
         for batch in stats.batch_stats:
@@ -48,6 +53,8 @@ def _merge_one(group: list[ModelStats]) -> ModelStats:
         inference,
         tuple(BatchStats(size, *sums) for size, sums in sorted(batches.items())),
         tuple(MemoryUsage(kind, device, size) for (kind, device), size in sorted(memory.items())),
+        # Triton's response_stats per response index: summed as the other counts are.
+        dict(sorted(responses.items(), key=lambda item: int(item[0]))),
     )
 
 

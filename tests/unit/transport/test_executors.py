@@ -223,6 +223,23 @@ def test_statistics_merge_sums_counts_durations_batches_and_memory() -> None:
     assert [b.batch_size for b in other.batch_stats] == [1, 4]
 
 
+def test_statistics_merge_sums_response_stats_per_index() -> None:
+    """A decoupled model's per-response statistics from two executors are summed per response
+    index (they were dropped whenever more than one executor answered)."""
+    from dataclasses import replace
+
+    def responses(*indexes: int) -> dict[str, dict[str, Duration]]:
+        return {str(i): {"success": Duration(1, 100 * (i + 1))} for i in indexes}
+
+    one = replace(_stats(4, 2, 100, 7), response_stats=responses(0, 1))
+    two = replace(_stats(6, 2, 50, 9), response_stats=responses(0, 1, 10))
+    (merged,) = merge_statistics([[one], [two]])
+    assert list(merged.response_stats) == ["0", "1", "10"]
+    assert merged.response_stats["0"]["success"] == Duration(2, 200)
+    assert merged.response_stats["1"]["success"] == Duration(2, 400)
+    assert merged.response_stats["10"]["success"] == Duration(1, 1100)
+
+
 def test_index_merge_keeps_the_most_ready_row() -> None:
     row = RepositoryIndexEntry
     rows = merge_index([
