@@ -13,7 +13,8 @@ _STATE_RANK = {"READY": 4, "LOADING": 3, "UNLOADING": 2, "UNAVAILABLE": 1, "": 0
 
 def merge_statistics(parts: Iterable[list[ModelStats]]) -> list[ModelStats]:
     """One :class:`ModelStats` per model version over every executor's: counts and durations
-    summed, per batch size and per response index too; the latest ``last_inference``; memory summed per device."""
+    summed, per batch size and per response index too; the latest ``last_inference``; memory
+    summed per device."""
     merged: dict[tuple[str, str], list[ModelStats]] = {}
     for part in parts:
         for stats in part:
