@@ -31,9 +31,9 @@ def _merge_one(group: list[ModelStats]) -> ModelStats:
     responses: dict[str, dict[str, Duration]] = {}
     for stats in group:
         for index, entry in stats.response_stats.items():
-            sums = responses.setdefault(index, {})
+            summed = responses.setdefault(index, {})
             for key, duration in entry.items():
-                sums.setdefault(key, Duration()).add(duration.ns, duration.count)
+                summed.setdefault(key, Duration()).add(duration.ns, duration.count)
         for key, duration in stats.inference_stats.items():
             inference.setdefault(key, Duration()).add(duration.ns, duration.count)
         for batch in stats.batch_stats:
