@@ -60,19 +60,13 @@ async def build_version(
     shard: Shard = ONLY,
     execution_timeout_ms: int = 0,
     server: ServerCalls | None = None,
-    decoupled_refused: str = "",
 ) -> LoadedModel:
     """Create, warm up and schedule the instances of ``version`` that ``shard`` holds (every
     instance with one executor); raises the load error. ``histograms``: keep the latency
     histograms the metrics publish. ``execution_timeout_ms``: the server's bound on one
     ``execute`` (0: none), which the model's ``execution_timeout_ms`` parameter overrides.
-    ``server``: what the instances call the server through (BLS; None: they cannot).
-    ``decoupled_refused``: why this process cannot serve a decoupled model ("": it can)."""
+    ``server``: what the instances call the server through (BLS; None: they cannot)."""
     backend = registry.get(config)
-    if config.decoupled and decoupled_refused:
-        raise ModelLoadError(
-            f"model '{config.name}': model_transaction_policy.decoupled: {decoupled_refused}"
-        )
     if config.decoupled and not getattr(backend, "decoupled", False):
         raise ModelLoadError(
             f"model '{config.name}': model_transaction_policy.decoupled is not supported by "

@@ -60,9 +60,7 @@ class ModelRepository:
         exit_on_error: bool = False,
         auto_complete: bool = True,
         server: ServerCalls | None = None,
-        decoupled_refused: str = "",
     ) -> None:
-        self._decoupled_refused = decoupled_refused  # why this process cannot stream ("": can)
         self._shard = shard  # with several executors: which instances this one holds
         self._observer: LoadObserver = observer or Quiet()
         self._histograms = histograms  # metrics on: each version keeps latency histograms
@@ -444,7 +442,6 @@ class ModelRepository:
                 shard=self._shard,
                 execution_timeout_ms=self._execution_timeout_ms,
                 server=self.server,
-                decoupled_refused=self._decoupled_refused,
             )
         except InfermuxError as exc:
             return str(exc)
