@@ -123,3 +123,38 @@ def stop_group(process: subprocess.Popen[Any], grace: float = 10) -> float:
         pass
     process.wait()
     return time.monotonic() - started
+
+
+def tritonserver_command(
+    venv: Path, repository: Path, ports: list[int]
+) -> tuple[list[str], dict[str, str]]:
+    """tritonserver from PyTriton's wheel in ``venv`` serving ``repository`` on loopback
+    (/work/shared/reference/peers.md): the Python-backend stub for the venv's Python is copied
+    into the backend folder when missing (the wheel ships one per Python version), and
+    LD_LIBRARY_PATH names the interpreter's LIBDIR, where the stub finds libpython."""
+    import shutil
+    import sysconfig
+
+    lib = next((venv / "lib").glob("python3*/site-packages/pytriton/tritonserver"))
+    python = venv / "bin" / "python"
+    version = subprocess.run(
+        [str(python), "-c", "import sys;print(f'{sys.version_info[0]}.{sys.version_info[1]}')"],
+        check=True, capture_output=True, text=True,
+    ).stdout.strip()  # fmt: skip
+    stub = lib / "backends" / "python" / "triton_python_backend_stub"
+    if not stub.exists():
+        shutil.copy(lib / "python_backend_stubs" / version / stub.name, stub)
+    env = dict(
+        os.environ,
+        LD_LIBRARY_PATH=sysconfig.get_config_var("LIBDIR"),
+        PATH=f"{venv / 'bin'}:{os.environ['PATH']}",
+    )
+    env.pop("PYTHONPATH", None)
+    command = [
+        str(lib / "bin" / "tritonserver"), "--model-repository", str(repository),
+        "--backend-directory", str(lib / "backends"),
+        "--http-port", str(ports[0]), "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2]),
+        "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1",
+        "--metrics-address", "127.0.0.1",
+    ]  # fmt: skip
+    return command, env

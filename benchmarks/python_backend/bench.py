@@ -34,7 +34,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import sysconfig
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -44,7 +43,14 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: benchkit
-from benchkit import cpu_seconds, free_port, group_pids, machine_info, stop_group
+from benchkit import (
+    cpu_seconds,
+    free_port,
+    group_pids,
+    machine_info,
+    stop_group,
+    tritonserver_command,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -104,29 +110,8 @@ def floor(seconds: float = 2.0) -> dict[str, Any]:
 
 
 def triton_command(venv: Path, ports: list[int]) -> tuple[list[str], dict[str, str]]:
-    lib = next((venv / "lib").glob("python3*/site-packages/pytriton/tritonserver"))
-    python = venv / "bin" / "python"
-    version = subprocess.run(
-        [str(python), "-c", "import sys;print(f'{sys.version_info[0]}.{sys.version_info[1]}')"],
-        check=True, capture_output=True, text=True,
-    ).stdout.strip()  # fmt: skip
-    stub = lib / "backends" / "python" / "triton_python_backend_stub"
-    if not stub.exists():
-        shutil.copy(lib / "python_backend_stubs" / version / stub.name, stub)
-    env = dict(
-        os.environ,
-        LD_LIBRARY_PATH=sysconfig.get_config_var("LIBDIR"),
-        PATH=f"{venv / 'bin'}:{os.environ['PATH']}",
-    )
-    env.pop("PYTHONPATH", None)
-    command = [
-        str(lib / "bin" / "tritonserver"), "--model-repository", str(REPOSITORY),
-        "--backend-directory", str(lib / "backends"),
-        "--http-port", str(ports[0]), "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2]),
-        "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1",
-        "--metrics-address", "127.0.0.1",
-    ]  # fmt: skip
-    return command, env
+    """tritonserver from PyTriton's wheel, as benchkit builds it (peers.md)."""
+    return tritonserver_command(venv, REPOSITORY, ports)
 
 
 def infermux_command(ports: list[int]) -> tuple[list[str], dict[str, str]]:

@@ -22,11 +22,9 @@ import datetime
 import json
 import os
 import platform
-import shutil
 import statistics
 import subprocess
 import sys
-import sysconfig
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -36,7 +34,14 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # benchmarks/: benchkit
 sys.path.insert(0, str(HERE))  # client (also for the spawned client processes)
-from benchkit import cpu_seconds, free_port, group_pids, machine_info, stop_group  # noqa: E402
+from benchkit import (  # noqa: E402
+    cpu_seconds,
+    free_port,
+    group_pids,
+    machine_info,
+    stop_group,
+    tritonserver_command,
+)
 from client import MODEL, Clients, Plan, figures  # noqa: E402
 from report import markdown  # noqa: E402
 
@@ -78,32 +83,8 @@ class Clock:
 
 
 def triton_command(venv: Path, ports: list[int]) -> tuple[list[str], dict[str, str]]:
-    """tritonserver from PyTriton's wheel, as benchmarks/python_backend does
-    (/work/shared/reference/peers.md): the stub for the venv's Python copied into the backend
-    folder when missing, LD_LIBRARY_PATH = the interpreter's LIBDIR, loopback only."""
-    lib = next((venv / "lib").glob("python3*/site-packages/pytriton/tritonserver"))
-    python = venv / "bin" / "python"
-    version = subprocess.run(
-        [str(python), "-c", "import sys;print(f'{sys.version_info[0]}.{sys.version_info[1]}')"],
-        check=True, capture_output=True, text=True,
-    ).stdout.strip()  # fmt: skip
-    stub = lib / "backends" / "python" / "triton_python_backend_stub"
-    if not stub.exists():
-        shutil.copy(lib / "python_backend_stubs" / version / stub.name, stub)
-    env = dict(
-        os.environ,
-        LD_LIBRARY_PATH=sysconfig.get_config_var("LIBDIR"),
-        PATH=f"{venv / 'bin'}:{os.environ['PATH']}",
-    )
-    env.pop("PYTHONPATH", None)
-    command = [
-        str(lib / "bin" / "tritonserver"), "--model-repository", str(REPOSITORY),
-        "--backend-directory", str(lib / "backends"),
-        "--http-port", str(ports[0]), "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2]),
-        "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1",
-        "--metrics-address", "127.0.0.1",
-    ]  # fmt: skip
-    return command, env
+    """tritonserver from PyTriton's wheel, as benchkit builds it (peers.md)."""
+    return tritonserver_command(venv, REPOSITORY, ports)
 
 
 def infermux_command(frontends: int, ports: list[int]) -> tuple[list[str], dict[str, str]]:
