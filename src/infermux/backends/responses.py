@@ -13,6 +13,7 @@ import asyncio
 import collections
 import threading
 import time
+import weakref
 
 from infermux.backends.base import ExecuteResult
 
@@ -43,6 +44,7 @@ class ResponseStream:
 
     def __init__(self, limit: int = RESPONSE_BUFFER) -> None:
         self._loop = asyncio.get_running_loop()
+        self._wakeups = _wakeups_of(self._loop)
         self._loop_thread = threading.get_ident()
         self._limit = max(1, limit)
         self._items: collections.deque[Stamped] = collections.deque()
@@ -108,7 +110,7 @@ class ResponseStream:
             self._items.append((result, final, now))
             waiter, self._waiter = self._waiter, None
         if waiter is not None:
-            self._loop.call_soon_threadsafe(_wake, waiter)
+            self._wakeups.wake(waiter)
 
     def end(self, error: ExecuteResult) -> None:
         """End the stream with ``error`` unless the model already sent its final flag (the
@@ -151,3 +153,47 @@ class ResponseStream:
 def _wake(waiter: asyncio.Future[None]) -> None:
     if not waiter.done():
         waiter.set_result(None)
+
+
+class _Wakeups:
+    """The readers to wake on one loop, woken together: the senders of many requests (a thread
+    each) share one ``call_soon_threadsafe`` per burst instead of paying a callback handle and
+    a loop wake-up per response."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._lock = threading.Lock()
+        self._due: list[asyncio.Future[None]] = []
+
+    def wake(self, waiter: asyncio.Future[None]) -> None:
+        """Wake ``waiter`` on the loop soon (from any thread but the loop's)."""
+        with self._lock:
+            self._due.append(waiter)
+            if len(self._due) > 1:
+                return  # the wake-up already scheduled takes this one too
+        try:
+            self._loop.call_soon_threadsafe(self._run)
+        except RuntimeError:  # the loop is closed: raised to the sender, as before
+            with self._lock:
+                self._due.clear()
+            raise
+
+    def _run(self) -> None:
+        with self._lock:
+            due, self._due = self._due, []
+        for waiter in due:
+            _wake(waiter)
+
+
+_WAKEUPS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Wakeups] = (
+    weakref.WeakKeyDictionary()
+)
+_WAKEUPS_LOCK = threading.Lock()
+
+
+def _wakeups_of(loop: asyncio.AbstractEventLoop) -> _Wakeups:
+    with _WAKEUPS_LOCK:
+        wakeups = _WAKEUPS.get(loop)
+        if wakeups is None:
+            wakeups = _WAKEUPS[loop] = _Wakeups(loop)
+        return wakeups

@@ -19,6 +19,32 @@ async def test_responses_arrive_in_order_then_the_final_flag() -> None:
     assert got == [({"i": i}, i == 4) for i in range(5)]
 
 
+async def test_readers_of_many_streams_woken_together_each_get_their_responses() -> None:
+    # The wake-ups of one loop are shared: senders racing on many streams must wake every
+    # reader that waits, each with its own responses in order.
+    streams = [ResponseStream() for _ in range(8)]
+
+    def send(stream: ResponseStream, key: int) -> None:
+        for i in range(50):
+            stream.send({"i": key * 100 + i}, final=i == 49)
+
+    senders = [
+        threading.Thread(target=send, args=(stream, key)) for key, stream in enumerate(streams)
+    ]
+
+    async def read(stream: ResponseStream) -> list[tuple[object, bool]]:
+        return [await stream.get() for _ in range(50)]
+
+    readers = [asyncio.create_task(read(stream)) for stream in streams]
+    for sender in senders:
+        sender.start()
+    got = await asyncio.wait_for(asyncio.gather(*readers), 10)
+    for sender in senders:
+        sender.join()
+    for key, responses in enumerate(got):
+        assert responses == [({"i": key * 100 + i}, i == 49) for i in range(50)]
+
+
 async def test_a_sender_blocks_while_the_reader_is_behind() -> None:
     stream = ResponseStream(limit=2)
     sent: list[int] = []

@@ -220,15 +220,18 @@ def contents_to_array(
 # -- responses ------------------------------------------------------------------------------------
 
 
-def encode_infer_response(response: InferResponse) -> Message:
-    """Encode a ``ModelInferResponse`` with one ``raw_output_contents`` entry per output.
+def encode_infer_response(response: InferResponse, into: Message | None = None) -> Message:
+    """Encode a ``ModelInferResponse`` with one ``raw_output_contents`` entry per output, into
+    the empty message ``into`` where given (a stream reply's ``infer_response``: filled in place
+    rather than built and copied in).
 
     An output written to shared memory keeps its parameters and gets an empty entry, because
     clients find an output's bytes by its index in ``outputs``.
     """
-    message = service_pb2.ModelInferResponse(
-        model_name=response.model_name, model_version=response.model_version, id=response.id
-    )
+    message = service_pb2.ModelInferResponse() if into is None else into
+    message.model_name = response.model_name
+    message.model_version = response.model_version
+    message.id = response.id
     encode_parameters(response.parameters, message.parameters)
     raw: list[bytes] = []
     for tensor in response.outputs:

@@ -257,10 +257,11 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
                 if response.error is not None:
                     yield _stream_error(message, response.error.message, final), final
                 elif not response.flag_only or flagged:
-                    encoded = codec.encode_infer_response(response)
+                    reply = service_pb2.ModelStreamInferResponse()
+                    encoded = codec.encode_infer_response(response, reply.infer_response)
                     # As Triton's stream handler: on every response it writes, whatever the option.
                     encoded.parameters[FINAL_PARAMETER].bool_param = final
-                    yield service_pb2.ModelStreamInferResponse(infer_response=encoded), final
+                    yield reply, final
                 else:
                     yield None, True  # the flag alone: nothing to send, the request is over
         except Exception as exc:
