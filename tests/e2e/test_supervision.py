@@ -91,7 +91,11 @@ class ReadinessWatch:
             try:
                 ready = self._ask(connection, "/v2/health/ready")
                 self.statuses.add(ready)
-                if ready == 200 and self._ask(connection, f"/v2/models/{self._model}/ready") != 200:
+                # Counted once the restart showed (a not-ready answer): a pair of questions
+                # straddling the kill itself may see the server ready, then the model gone.
+                restarting = bool(self.statuses - {200})
+                model = f"/v2/models/{self._model}/ready"
+                if ready == 200 and restarting and self._ask(connection, model) != 200:
                     self.ready_without_model += 1
             except (OSError, http.client.HTTPException):  # reset while front ends reconnect
                 pass

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 import msgspec
 from tritonclient.grpc import model_config_pb2 as config_pb
 
 from infermux.dataplane.operations import Operations
+from infermux.ipc import Block
 from infermux.model_config import ModelConfig
 from infermux.routing.router import TrafficReport
 from infermux.types import (
@@ -27,6 +28,8 @@ from infermux.types import (
     RepositoryIndexEntry,
     SharedMemoryRegion,
 )
+
+from .link import Link
 
 CALLS = frozenset(
     name
@@ -38,6 +41,27 @@ CALLS = frozenset(
 FILE_BLOCKS = "file_blocks"
 """The keyword of a ``load_model`` call that carries its ``files`` in the front end's arena:
 path -> [offset, size]. The executor reads them into ``files`` before calling the plane."""
+
+
+async def place_files(
+    link: Link, files: Mapping[str, bytes]
+) -> tuple[list[Block], dict[str, list[int]]]:
+    """A load's ``files`` written into the front end's arena: the blocks (to release once the
+    executor answered) and the :data:`FILE_BLOCKS` value naming them. A model's files may be far
+    larger than a ring frame, so they cross in the arena as tensors do."""
+    blocks: list[Block] = []
+    placed: dict[str, list[int]] = {}
+    try:
+        for path, data in files.items():
+            block = await link.allocate(len(data), f"load parameter 'file:{path}'")
+            blocks.append(block)
+            link.endpoint.arena.buffer(block.offset, len(data))[:] = data
+            placed[path] = [block.offset, len(data)]
+    except BaseException:
+        for block in blocks:
+            link.release(block)
+        raise
+    return blocks, placed
 
 
 def _as(kind: Any) -> Callable[[Any], Any]:

@@ -65,10 +65,11 @@ from infermux.types import (
     ServerMetadata,
 )
 
-from .calls import FILE_BLOCKS, RESULT, forwarded
+from .calls import FILE_BLOCKS, RESULT, forwarded, place_files
 from .grouping import GROUP_LIMIT
 from .link import Link
 from .micro_batcher import MicroBatcher
+from .probes import ReadinessProbes
 from .regions import RegionCopies, in_shared_memory
 from .streams import STREAM_WINDOW, Streams
 
@@ -94,10 +95,9 @@ class RemoteExecutor:
         group_limit: int = GROUP_LIMIT,
     ) -> None:
         self._metadata = metadata
-        self._ready_timeout_s = ready_timeout_s
         self._batches = MicroBatcher(self, group_limit)
         self._regions = RegionCopies(self.shm_status)  # system regions read here
-        self._probes: dict[tuple[str, ...], asyncio.Future[Any]] = {}  # readiness calls in flight
+        self._probes = ReadinessProbes(self.call, ready_timeout_s)
         self._link: Link | None = None
         self._pending: dict[int, _Pending] = {}
         self._streams = Streams()  # streamed requests not over
@@ -356,34 +356,12 @@ class RemoteExecutor:
     async def ready(self) -> bool:
         if self._link is None or self._shutting_down:
             return False
-        return await self._probe("ready")
+        return await self._probes.ask("ready")
 
     async def model_ready(self, name: str, version: str = "") -> bool:
         if self._link is None:
             return False
-        return await self._probe("model_ready", name, version)
-
-    async def _probe(self, method: str, *args: str) -> bool:
-        """A readiness call answered within ``ready_timeout_s``, else not ready: a probe must
-        answer while the executor is stopped (SIGSTOP) or stalled, for a load balancer to
-        route around it. Probes of one kind share the call in flight, so a long stop queues
-        one frame, not one per probe."""
-        key = (method, *args)
-        call = self._probes.get(key)
-        if call is None or call.done():  # done: failed as its executor went (ask the new one)
-            call = asyncio.ensure_future(self.call(method, *args))
-            self._probes[key] = call
-            call.add_done_callback(lambda done: self._probe_done(key, done))
-        try:
-            return bool(await asyncio.wait_for(asyncio.shield(call), self._ready_timeout_s))
-        except (TimeoutError, asyncio.TimeoutError):  # distinct classes on Python 3.10
-            return False
-
-    def _probe_done(self, key: tuple[str, ...], call: asyncio.Future[Any]) -> None:
-        if self._probes.get(key) is call:
-            del self._probes[key]
-        if not call.cancelled():
-            call.exception()  # retrieved: every waiter may have timed out before it failed
+        return await self._probes.ask("model_ready", name, version)
 
     async def load_model(
         self,
@@ -395,21 +373,7 @@ class RemoteExecutor:
         if not files:
             await self.call("load_model", name, config_override=config_override, files=files)
             return
-        # A model's files may be far larger than a ring frame: they cross in the arena, as
-        # tensors do, and the frame names their blocks (ChannelServer reads them back).
-        link = self.require()
-        blocks: list[Block] = []
-        placed: dict[str, list[int]] = {}
-        try:
-            for path, data in files.items():
-                block = await link.allocate(len(data), f"load parameter 'file:{path}'")
-                blocks.append(block)
-                link.endpoint.arena.buffer(block.offset, len(data))[:] = data
-                placed[path] = [block.offset, len(data)]
-        except BaseException:
-            for block in blocks:
-                link.release(block)
-            raise
+        blocks, placed = await place_files(self.require(), files)
         await self._call_naming(
             "load_model", blocks, name, config_override=config_override, **{FILE_BLOCKS: placed}
         )
