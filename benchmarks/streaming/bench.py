@@ -43,7 +43,7 @@ from benchkit import (  # noqa: E402
     tritonserver_command,
 )
 from client import MODEL, Clients, Plan, figures  # noqa: E402
-from report import markdown  # noqa: E402
+from report import RATIO_FIGURES, markdown  # noqa: E402
 
 ROOT = HERE.parents[1]
 REPOSITORY = HERE / "repository"
@@ -492,15 +492,7 @@ def ratios(summary: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:
             continue
         entry = {
             name: round(cell[name] / peer[name], 2)
-            for name in (
-                "responses_per_s",
-                "ttfr_p50",
-                "ttfr_p99",
-                "gap_p99",
-                "delivery_p50",
-                "delivery_p99",
-                "server_cpu_us_per_response",
-            )
+            for name in RATIO_FIGURES
             if cell.get(name) and peer.get(name)
         }
         out[key] = entry

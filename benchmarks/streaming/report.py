@@ -6,6 +6,17 @@ from typing import Any
 
 TARGET_US = 200.0  # issue 28: overhead per response at c=64 on the device host
 
+RATIO_FIGURES = (
+    "responses_per_s",
+    "ttfr_p50",
+    "ttfr_p99",
+    "gap_p99",
+    "delivery_p50",
+    "delivery_p99",
+    "server_cpu_us_per_response",
+)
+"""The figures compared infermux / Triton at each point, in the summary's column order."""
+
 
 def _pair(cell: dict[str, Any], a: str, b: str) -> str:
     if cell.get(a) is None or cell.get(b) is None:
@@ -141,18 +152,7 @@ def markdown(doc: dict[str, Any]) -> str:
             label, delay_key, c_key = key.split("|")
             lines.append(
                 f"| {label} | {int(delay_key[1:]) / 1000:g} | {c_key[1:]} | "
-                + " | ".join(
-                    _num(entry.get(name), 2)
-                    for name in (
-                        "responses_per_s",
-                        "ttfr_p50",
-                        "ttfr_p99",
-                        "gap_p99",
-                        "delivery_p50",
-                        "delivery_p99",
-                        "server_cpu_us_per_response",
-                    )
-                )
+                + " | ".join(_num(entry.get(name), 2) for name in RATIO_FIGURES)
                 + " |"
             )
     target = [
