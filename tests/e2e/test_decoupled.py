@@ -182,18 +182,13 @@ def test_an_error_mid_stream_is_one_response_and_the_stream_goes_on(
     assert answers[2:] == [("ok", ("r2", 3, 2, 1, False)), ("ok", ("r2", None, None, None, True))]
 
 
-@pytest.mark.parametrize("model", list(MODELS))
-def test_a_batch_of_requests_each_streams_its_own_answers(
-    server: ServerProcess, model: str
-) -> None:
-    stream = Stream(server)
+def stream_one_batch(stream: Stream, model: str) -> None:
+    """Three requests sent within the models' 300 ms queue delay: each streams its own answers,
+    in order, and all ran as one batch of three."""
     wanted = {"a": [10, 11], "b": [20, 21, 22], "c": [30]}
-    try:
-        for request_id, values in wanted.items():  # within the 300 ms queue delay: one batch
-            stream.send(model, values, request_id)
-        answers = stream.take(sum(len(v) + 1 for v in wanted.values()))
-    finally:
-        stream.close()
+    for request_id, values in wanted.items():
+        stream.send(model, values, request_id)
+    answers = stream.take(sum(len(v) + 1 for v in wanted.values()))
     by_request: dict[str, list[tuple[Any, ...]]] = {}
     for kind, answer in answers:
         assert kind == "ok", answer
@@ -203,6 +198,17 @@ def test_a_batch_of_requests_each_streams_its_own_answers(
         assert [a[0] for a in got[:-1]] == values  # in order within its request
         assert {a[2] for a in got[:-1]} == {3}  # the three requests ran as one batch
         assert [a[3] for a in got] == [False] * len(values) + [True]
+
+
+@pytest.mark.parametrize("model", list(MODELS))
+def test_a_batch_of_requests_each_streams_its_own_answers(
+    server: ServerProcess, model: str
+) -> None:
+    stream = Stream(server)
+    try:
+        stream_one_batch(stream, model)
+    finally:
+        stream.close()
 
 
 def test_without_enable_empty_final_response_the_flag_alone_sends_nothing(
