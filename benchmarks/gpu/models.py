@@ -103,6 +103,7 @@ def config_text(
     queue_delay_us: int,
     cuda_graphs: bool,
     gpus: str = "",
+    graph_batch_sizes: tuple[int, ...] = (),
 ) -> str:
     def tensor(name: str, config_type: str, dims: tuple[int, ...]) -> str:
         return (
@@ -123,7 +124,11 @@ def config_text(
         f"dynamic_batching {{ max_queue_delay_microseconds: {queue_delay_us} }}\n"
         f"instance_group [ {{ count: {instances}, kind: {kind}{placement} }} ]\n"
     )
-    if cuda_graphs:
+    if cuda_graphs and graph_batch_sizes:
+        # An explicit bucket set (e.g. the powers of two of infermux before its padding sizes).
+        spec_text = ", ".join(f"{{ batch_size: {b} }}" for b in graph_batch_sizes)
+        text += f"optimization {{ cuda {{ graphs: true graph_spec [ {spec_text} ] }} }}\n"
+    elif cuda_graphs:
         text += "optimization { cuda { graphs: true } }\n"
     return text
 
@@ -145,6 +150,7 @@ def export(
     queue_delay_us: int,
     cuda_graphs: bool,
     gpus: str = "",
+    graph_batch_sizes: tuple[int, ...] = (),
 ) -> Exported:
     """Trace on the serving device (tracing bakes device-side constants, such as BERT's mask
     fill, on the device it ran on; ``map_location`` does not move them) and write the folder."""
@@ -169,6 +175,7 @@ def export(
             queue_delay_us=queue_delay_us,
             cuda_graphs=cuda_graphs,
             gpus=gpus,
+            graph_batch_sizes=graph_batch_sizes,
         )
     )
     return Exported(model_file, config_file, error)

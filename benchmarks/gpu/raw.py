@@ -138,6 +138,7 @@ def measure(
     seconds: float,
     nvml: Nvml,
     base: float | None,
+    batch_curve: tuple[int, ...] = (),
 ) -> dict[str, Any]:
     import torch
 
@@ -184,6 +185,16 @@ def measure(
             graph["one_stream_items_per_s"] = items_per_s(slots[:1], seconds, sync)
             graph["multi_stream_items_per_s"] = items_per_s(slots, seconds, sync)
             del slots
+            if batch_curve:
+                graph["batch_curve"] = _batch_curve(
+                    model,
+                    spec,
+                    device=device,
+                    streams=streams,
+                    batches=batch_curve,
+                    seconds=seconds / 2,
+                    sync=sync,
+                )
             graph["b1"] = latency_ms(
                 Slot(model, spec, batch=1, device=device, stream=stream(), graph=True), seconds / 2
             )
@@ -194,6 +205,35 @@ def measure(
     out["ceiling_items_per_s"] = max(ceiling)
     out["b1_latency_ms"] = b1_ms
     return out
+
+
+def _batch_curve(
+    model: Any,
+    spec: ModelSpec,
+    *,
+    device: str,
+    streams: int,
+    batches: tuple[int, ...],
+    seconds: float,
+    sync: Callable[[], None],
+) -> dict[str, float]:
+    """Graph throughput on ``streams`` streams at each batch size: what the GPU can give a server
+    whose batches have that size (a server's batches are far smaller than max_batch_size)."""
+    import torch
+
+    curve: dict[str, float] = {}
+    for batch in batches:
+        if not 1 <= batch <= spec.max_batch_size:
+            continue
+        slots = [
+            Slot(model, spec, batch=batch, device=device, stream=torch.cuda.Stream(), graph=True)
+            for _ in range(streams)
+        ]
+        curve[str(batch)] = items_per_s(slots, seconds, sync)
+        del slots
+        gc.collect()
+        torch.cuda.empty_cache()
+    return curve
 
 
 def main() -> None:
@@ -209,6 +249,12 @@ def main() -> None:
     parser.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--streams", type=int, default=4)
     parser.add_argument("--seconds", type=float, default=2.0, help="per throughput measurement")
+    parser.add_argument(
+        "--graph-batch-sizes", default="", help="graph_spec batch sizes for the config, e.g. 1,2,4"
+    )
+    parser.add_argument(
+        "--batch-curve", default="", help="batch sizes to measure graph throughput at, e.g. 16,32"
+    )
     args = parser.parse_args()
 
     nvml = Nvml()
@@ -227,6 +273,7 @@ def main() -> None:
         gpus=args.gpus,
         queue_delay_us=args.queue_delay_us,
         cuda_graphs=args.cuda_graphs,
+        graph_batch_sizes=_ints(args.graph_batch_sizes),
     )
     export_s = time.perf_counter() - started
     # The very file the servers load, not the module it was traced from.
@@ -253,9 +300,14 @@ def main() -> None:
             seconds=args.seconds,
             nvml=nvml,
             base=base,
+            batch_curve=_ints(args.batch_curve),
         )
     )
     print(json.dumps(result), flush=True)
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split(",") if part.strip())
 
 
 if __name__ == "__main__":

@@ -80,6 +80,15 @@ def _raw(raw: dict[str, Any]) -> str:
             f"items/s, batch 1 {fmt(graph.get('b1', {}).get('p50_ms'), '.3f')} ms"
             + (f" (graph error: {graph['error'][:200]})" if "error" in graph else "")
             + ". "
+            + (
+                f"{graph.get('streams')} streams by batch size: "
+                + ", ".join(
+                    f"{b}: {fmt(v, ',.0f')}" for b, v in graph.get("batch_curve", {}).items()
+                )
+                + " items/s. "
+                if graph.get("batch_curve")
+                else ""
+            )
             if graph
             else ""
         )

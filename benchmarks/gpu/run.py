@@ -177,6 +177,10 @@ class Bench:
             "--seconds",
             str(args.raw_seconds),
             "--cuda-graphs" if args.cuda_graphs else "--no-cuda-graphs",
+            "--graph-batch-sizes",
+            ",".join(map(str, args.graph_batch_sizes)),
+            "--batch-curve",
+            ",".join(map(str, args.batch_curve)),
         ]
         if args.tiny:
             command.append("--tiny")
@@ -623,6 +627,18 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--litserve-max-batch", type=int, default=64)
     p.add_argument("--litserve-batch-timeout", type=float, default=0.005, help="seconds")
     p.add_argument("--raw-seconds", type=float, default=2.0, help="per raw throughput reading")
+    p.add_argument(
+        "--graph-batch-sizes",
+        type=ints,
+        default=[],
+        help="CUDA graph buckets as graph_spec (default: infermux's own set)",
+    )
+    p.add_argument(
+        "--batch-curve",
+        type=ints,
+        default=[],
+        help="raw: graph throughput on --instances streams at these batch sizes, e.g. 16,32,64",
+    )
     p.add_argument(
         "--server-warmup", type=float, default=3.0, help="seconds of load after each start"
     )

@@ -53,9 +53,9 @@ def graph_buckets(config: ModelConfig) -> tuple[GraphBucket, ...]:
 
     ``graph_spec`` entries are taken as written. Without them the batch sizes are Triton's
     defaults ({1, preferred sizes, max} with dynamic batching, else {1, 2, 3, 4, 6, 8, 12, 16,
-    max}) plus every power of two up to ``max_batch_size``: Triton's TensorRT backend runs a
-    batch between buckets without a graph, infermux pads it up, and the powers of two bound the
-    padding to less than double the batch. Raises :class:`ModelLoadError` for an invalid spec.
+    max}) plus :func:`padding_sizes` up to ``max_batch_size``: Triton's TensorRT backend runs a
+    batch between buckets without a graph, infermux pads it up, and those sizes bound the padding
+    of a batch over 8 rows to a quarter. Raises :class:`ModelLoadError` for an invalid spec.
     """
     cuda = config.proto.optimization.cuda
     if not cuda.graphs:
@@ -76,8 +76,25 @@ def graph_buckets(config: ModelConfig) -> tuple[GraphBucket, ...]:
         sizes.update(config.dynamic_batching.preferred_batch_sizes)
     else:
         sizes.update(size for size in TRITON_BUCKETS if size <= top)
-    sizes.update(1 << p for p in range(top.bit_length()) if 1 << p <= top)
+    sizes.update(padding_sizes(top))
     return tuple(GraphBucket(size, 1, fixed) for size in sorted(sizes))
+
+
+def padding_sizes(top: int) -> list[int]:
+    """Batch sizes up to ``top`` whose graphs keep the padding of any batch over 8 rows under a
+    quarter: the powers of two, and from 8 on three more between each power and the next (10, 12,
+    14, 16, 20, 24, 28, 32, 40, ...). Once batches fill the GPU a padded row costs as much as a
+    real one: with powers of two alone, a dynamic batcher's batches of 33 rows ran at the cost of
+    64 (docs/decisions.md). Below 8 rows a GPU runs a padded row at almost no cost."""
+    sizes = []
+    power = 1
+    while power <= top:
+        sizes.append(power)
+        if power >= 8:
+            step = power // 4
+            sizes.extend(s for s in (power + step, power + 2 * step, power + 3 * step) if s <= top)
+        power *= 2
+    return sizes
 
 
 def _spec_bucket(

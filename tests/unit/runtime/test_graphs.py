@@ -12,7 +12,7 @@ from infermux.errors import ModelLoadError
 from infermux.model_config import ModelConfig
 from infermux.repository import load_model_config
 from infermux.runtime import CudaGraphs, GraphBucket, GraphCaptureError, graph_buckets
-from infermux.runtime.graphs import CapturedGraph
+from infermux.runtime.graphs import CapturedGraph, padding_sizes
 
 GRAPHS = "optimization { cuda { graphs: true } }\n"
 
@@ -40,17 +40,31 @@ def test_no_graphs_unless_the_config_asks(tmp_path: Path) -> None:
     assert graph_buckets(config(tmp_path, extra=off)) == ()
 
 
-def test_without_dynamic_batching_tritons_sizes_plus_powers_of_two(tmp_path: Path) -> None:
+def test_without_dynamic_batching_tritons_sizes_plus_padding_sizes(tmp_path: Path) -> None:
     assert sizes(graph_buckets(config(tmp_path, 8))) == [1, 2, 3, 4, 6, 8]
-    assert sizes(graph_buckets(config(tmp_path, 40))) == [1, 2, 3, 4, 6, 8, 12, 16, 32, 40]
+    assert sizes(graph_buckets(config(tmp_path, 40))) == [
+        *(1, 2, 3, 4, 6, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40)
+    ]
     assert sizes(graph_buckets(config(tmp_path, 5))) == [1, 2, 3, 4, 5]
 
 
-def test_with_dynamic_batching_one_preferred_and_max_plus_powers_of_two(tmp_path: Path) -> None:
-    extra = GRAPHS + "dynamic_batching { preferred_batch_size: [ 24 ] }\n"
+def test_with_dynamic_batching_one_preferred_and_max_plus_padding_sizes(tmp_path: Path) -> None:
+    extra = GRAPHS + "dynamic_batching { preferred_batch_size: [ 24, 36 ] }\n"
     buckets = graph_buckets(config(tmp_path, 128, extra))
-    assert sizes(buckets) == [1, 2, 4, 8, 16, 24, 32, 64, 128]
+    assert sizes(buckets) == [
+        *(1, 2, 4, 8, 10, 12, 14, 16, 20, 24, 28, 32, 36, 40, 48, 56, 64, 80, 96, 112, 128)
+    ]
     assert all(b.lower_bound == 1 and b.dims == {"x": (4,)} for b in buckets)
+
+
+@pytest.mark.parametrize("top", [9, 33, 100, 128, 1000])
+def test_padding_stays_under_a_quarter_of_a_batch_over_eight_rows(top: int) -> None:
+    buckets = padding_sizes(top)
+    assert buckets[-1] <= top
+    assert buckets == sorted(set(buckets))
+    for rows in range(9, buckets[-1] + 1):
+        bucket = min(b for b in buckets if b >= rows)
+        assert bucket < 1.25 * rows, (rows, bucket)
 
 
 def test_a_model_without_batching_has_one_graph(tmp_path: Path) -> None:
