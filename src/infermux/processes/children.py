@@ -7,6 +7,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
+from multiprocessing.connection import wait
 from multiprocessing.process import BaseProcess
 from typing import Literal
 
@@ -63,12 +64,20 @@ async def stop(children: list[Child], timeout: float) -> None:
 
 
 async def _reap(child: Child, timeout: float) -> None:
-    await asyncio.to_thread(child.process.join, timeout)
-    if child.process.is_alive():
+    if not await asyncio.to_thread(_ended, child.process, timeout):
         logger.warning("%s did not stop in %.0f s; killing it", child.name, timeout)
         child.process.kill()
-        await asyncio.to_thread(child.process.join)
+    # Reaps it, unless the supervisor's watcher of this child did (then it returns at once).
+    await asyncio.to_thread(child.process.join)
     child.control.close()
+
+
+def _ended(process: BaseProcess, timeout: float) -> bool:
+    """Whether ``process`` exited within ``timeout`` seconds, told by its sentinel, which does
+    not reap it. ``join`` followed by ``is_alive`` is not enough here: the supervisor's watcher
+    of the child joins it from another thread, and when that thread reaps it first, this one's
+    ``waitpid`` fails and ``is_alive`` answers True for a process that is gone."""
+    return bool(wait([process.sentinel], timeout))
 
 
 def next_backoff(current: float, child: Child) -> float:
