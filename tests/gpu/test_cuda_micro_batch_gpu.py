@@ -1,7 +1,8 @@
 """Micro-batches of CUDA shared-memory requests on a GPU: several requests' inputs, each in its
 client's GPU memory, run as one model request whose input is one device part per request,
 gathered device to device (eager, from a graph's thread path and launched from the event loop),
-and each answer lands in its own region equal to the eager model's."""
+and each answer lands in its own region equal to the eager model's (a launched graph's batch
+copies it there device to device)."""
 
 from __future__ import annotations
 
@@ -164,10 +165,20 @@ async def plane(
 async def test_a_micro_batch_of_cuda_requests_answers_as_the_eager_model(
     plane: tuple[DataPlane, dict[bytes, torch.Tensor]],
     monkeypatch: pytest.MonkeyPatch,
+    request: pytest.FixtureRequest,
 ) -> None:
     data_plane, regions = plane
+    graphs = request.node.callspec.params["plane"] == GRAPHS
     model_requests: list[ModelRequest] = []
     made = plane_module.to_model_request  # type: ignore[attr-defined]
+    host_writes: list[str] = []
+    host_write = CudaSharedMemoryRegistry.write
+
+    def counted(self: CudaSharedMemoryRegistry, tensor: Tensor, parameters: Any) -> Tensor:
+        host_writes.append(tensor.name)
+        return host_write(self, tensor, parameters)
+
+    monkeypatch.setattr(CudaSharedMemoryRegistry, "write", counted)
 
     def recorded(*args: Any, **kwargs: Any) -> ModelRequest:
         model_requests.append(made(*args, **kwargs))
@@ -180,7 +191,7 @@ async def test_a_micro_batch_of_cuda_requests_answers_as_the_eager_model(
     torch.cuda.synchronize()
     row_in, row_out = WIDTH * 4, 8 * 4
     starts = [sum(counts[:i]) for i in range(len(counts))]
-    request = InferRequest(
+    micro = InferRequest(
         "m",
         "",
         [
@@ -201,8 +212,12 @@ async def test_a_micro_batch_of_cuda_requests_answers_as_the_eager_model(
             for s, n in zip(starts, counts, strict=True)
         ],
     )
-    response = await data_plane.infer_many(request, counts, inputs_apart=True, outputs_apart=True)
+    response = await data_plane.infer_many(micro, counts, inputs_apart=True, outputs_apart=True)
     (model_request,) = model_requests  # one queue entry for the three requests
+    # A graph's batch copies each request's output rows into its region on the GPU; an eager
+    # batch's outputs go through host memory, one write per request.
+    assert model_request.outputs_on_device == ({"OUTPUT__0"} if graphs else set())
+    assert host_writes == ([] if graphs else ["OUTPUT__0"] * 3)
     parts = model_request.device_inputs["INPUT__0"]
     assert isinstance(parts, DeviceParts)
     assert [p.shape[0] for p in parts.parts] == counts

@@ -95,6 +95,14 @@ class ModelRequest:
     """Inputs left in a client's GPU memory (CUDA shared memory), given only to backends that
     set ``accepts_device_inputs``; for the others they arrive in ``inputs``, copied to host.
     :func:`~infermux.backends.stacking.device_parts` lists a batch's parts of each."""
+    device_outputs: dict[str, DeviceParts] = field(default_factory=dict, compare=False)
+    """Outputs the data plane asks to have written straight into GPU memory (clients' CUDA
+    shared memory), one part per request of a micro-batch, in order. A backend that can (the
+    PyTorch GPU path, for a batch a CUDA graph runs) copies the rows there device to device
+    before the batch completes and adds the name to ``outputs_on_device``; it still returns
+    every output as usual, which is what is checked against the config."""
+    outputs_on_device: set[str] = field(default_factory=set, compare=False)
+    """Names of ``device_outputs`` written on the device (set by the backend)."""
     responses: ResponseStream | None = field(default=None, compare=False)
     """Set for a request to a decoupled model: where its responses go, then its final flag
     (``backends/responses.py``); its result from ``execute`` then only says whether it failed."""

@@ -125,7 +125,9 @@ class GpuPath:
         copy per request from pinned host memory (the front end's arena, a shared-memory read's
         staging block) or from a client's CUDA shared memory on this device (one per request
         of a micro-batch too, :class:`~infermux.backends.base.DeviceParts`); only inputs lying
-        elsewhere are stacked into the pinned staging buffer first."""
+        elsewhere are stacked into the pinned staging buffer first. Outputs a request wants in
+        a client's CUDA shared memory (:attr:`~infermux.backends.base.ModelRequest.device_outputs`)
+        are copied there from the graph's outputs, device to device, before ``done``."""
         batching = self.context.config.batching
         first = requests[0]
         device_id = self.stream.device.index or 0
@@ -149,6 +151,8 @@ class GpuPath:
             graph.graph.replay()
             self.replays += 1
             rows = sum(r.batch_size for r in requests) if batching else 0
+            if batching:
+                _write_device_outputs(graph, requests, handle, device_id)
             staged = {
                 key: download(self.staging, key, value[:rows] if batching else value)
                 for key, value in graph.outputs.items()
@@ -303,3 +307,35 @@ def _gather(parts: Sequence[DeviceArray], target: torch.Tensor) -> torch.Tensor:
         flat[offset : offset + source.numel()].copy_(source, non_blocking=True)
         offset += source.numel()
     return target
+
+
+def _write_device_outputs(
+    graph: CapturedGraph, requests: Sequence[ModelRequest], stream: int, device_id: int
+) -> None:
+    """Each request's rows of an output it wants in GPU memory, copied from the graph's output
+    into its parts, device to device, on ``stream`` after the replay: the batch completes only
+    after them, and the next replay on the stream overwrites the outputs only after them. An
+    output whose bytes do not match its places exactly (another dtype, which the host path
+    would cast; another device) goes the host way."""
+    start = 0
+    for request in requests:
+        count = request.batch_size
+        for key, destination in request.device_outputs.items():
+            value = graph.outputs.get(key)
+            if value is None:
+                continue
+            mine = value[start : start + count]
+            parts = destination.parts
+            row_bytes = mine.element_size() * int(np.prod(mine.shape[1:], dtype=np.int64))
+            fits = (
+                mine.is_contiguous()
+                and mine.dtype == torch_dtype(destination.dtype)
+                and all(p.device_id == device_id for p in parts)
+                and all(p.nbytes == p.shape[0] * row_bytes for p in parts)
+                and sum(p.shape[0] for p in parts) == count
+            )
+            if fits:
+                targets = [(p.pointer, p.nbytes) for p in parts]
+                DRIVER.scatter_from_device(mine.data_ptr(), targets, stream)
+                request.outputs_on_device.add(key)
+        start += count

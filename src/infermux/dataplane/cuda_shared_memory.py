@@ -5,8 +5,10 @@ registers the 64-byte handle with a device id and a size; infermux opens it once
 (``cudaIpcOpenMemHandle``). An input placed in such a region reaches a backend that reads GPU
 memory (PyTorch) as a :class:`~infermux.types.DeviceArray`, gathered device to device into the
 instance's buffers, so an image never travels through host memory. Other backends, and BYTES or
-BOOL inputs (whose contents must be parsed or checked on the host), get a host copy. Outputs are
-computed into pinned host memory today and copied host to device into the region. The size a
+BOOL inputs (whose contents must be parsed or checked on the host), get a host copy. Outputs of a
+micro-batch that a CUDA graph runs are copied device to device into their regions by the batch
+itself (:meth:`CudaSharedMemoryRegistry.destination`); other outputs are computed into pinned host
+memory and copied host to device into the region. The size a
 client registers is held to the allocation the driver says the handle maps
 (``cuMemGetAddressRange``), at registration and before every copy.
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import importlib
+import math
 import threading
 import weakref
 from collections.abc import Callable
@@ -277,6 +280,21 @@ class CudaSharedMemoryRegistry:
         except CudaCallError as exc:
             raise InternalError(f"{what}: cannot read region '{region.info.name}': {exc}") from None
         return tensor_from_bytes(tensor.name, tensor.datatype, tensor.shape, raw.tobytes())
+
+    def destination(
+        self, name: str, datatype: str, shape: tuple[int, ...], parameters: Parameters
+    ) -> DeviceArray | None:
+        """Where output ``name`` of ``shape`` goes in the CUDA region its parameters name, as
+        a device view a GPU backend may copy into (None for datatypes answered from host
+        bytes); the slice is checked as a :meth:`write` checks it."""
+        if datatype in _HOST_ONLY:
+            return None
+        dtype = numpy_dtype(datatype)
+        what = f"output '{name}'"
+        region, start, size = self._slice(what, parameters)
+        if size < math.prod(shape) * dtype.itemsize:
+            return None  # the host path says what does not fit
+        return DeviceArray(start, shape, dtype, region.info.device_id, region)
 
     def write(self, tensor: Tensor, parameters: Parameters) -> Tensor:
         """Copy an output into the CUDA region its parameters name."""

@@ -10,7 +10,7 @@ a micro-batch with these.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
 from typing import TypeVar
 
 import numpy as np
@@ -23,6 +23,7 @@ from infermux.repository import LoadedModel
 from infermux.routing.policy import TrafficPolicy
 from infermux.types import (
     SHM_BYTE_SIZE,
+    SHM_OFFSET,
     SHM_REGION,
     InferRequest,
     RequestedOutput,
@@ -31,6 +32,7 @@ from infermux.types import (
 )
 
 from .regions import Regions
+from .shared_memory import placed as placed_tensor
 
 
 class Ungroupable(Exception):
@@ -125,13 +127,53 @@ def check_output_regions(
                     raise Ungroupable(f"output '{output.name}' of a request does not fit")
 
 
+def device_destinations(
+    config: ModelConfig,
+    wanted: list[list[RequestedOutput]],
+    rows: Sequence[int],
+    regions: Regions,
+) -> dict[str, DeviceParts]:
+    """The outputs that every request of a micro-batch wants in a CUDA region, as one device
+    part per request (its rows' place in its region): a GPU backend may copy them there device
+    to device instead of through host memory. Only outputs of fixed size and a datatype with
+    device bytes; ones a request asks with more than a place (e.g. classification) stay on the
+    host path, as do any that :meth:`place_apart` would refuse."""
+    destinations: dict[str, DeviceParts] = {}
+    for index, first in enumerate(wanted[0]):
+        spec = config.output(first.name)
+        if spec is None or any(d < 1 for d in spec.dims):
+            continue
+        parts = []
+        for mine_wanted, count in zip(wanted, rows, strict=True):
+            output = mine_wanted[index]
+            region = str(output.parameters.get(SHM_REGION, ""))
+            if output.name != first.name or not regions.cuda.has(region):
+                break
+            if set(output.parameters) - {SHM_REGION, SHM_OFFSET, SHM_BYTE_SIZE}:
+                break
+            try:
+                part = regions.cuda.destination(
+                    spec.name, spec.datatype, (count, *spec.dims), output.parameters
+                )
+            except InfermuxError:
+                break  # the host path fails the request with the reason
+            if part is None:
+                break
+            parts.append(part)
+        else:
+            destinations[first.name] = DeviceParts(tuple(parts))
+    return destinations
+
+
 def place_apart(
     outputs: list[Tensor],
     rows: Sequence[int],
     wanted: list[list[RequestedOutput]],
     regions: Regions,
+    on_device: Set[str] = frozenset(),
 ) -> list[Tensor]:
-    """Each request's rows of the stacked ``outputs``, written into its own regions."""
+    """Each request's rows of the stacked ``outputs``, written into its own regions (those
+    named in ``on_device`` are there already: the batch copied them on the GPU)."""
     placed = []
     start = 0
     for mine_wanted, count in zip(wanted, rows, strict=True):
@@ -144,7 +186,9 @@ def place_apart(
                 tensor.data[start : start + count],
             )
             parameters = by_name[tensor.name]
-            if regions.cuda.has(str(parameters.get(SHM_REGION, ""))):
+            if tensor.name in on_device:
+                placed.append(placed_tensor(mine, parameters, mine.data.nbytes))
+            elif regions.cuda.has(str(parameters.get(SHM_REGION, ""))):
                 placed.append(regions.cuda.write(mine, parameters))
             else:
                 placed.append(regions.shm.write(mine, parameters))

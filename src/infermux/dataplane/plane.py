@@ -49,6 +49,7 @@ from .inputs import InputLimits, to_model_request
 from .micro_batches import (
     Ungroupable,
     check_output_regions,
+    device_destinations,
     per_request,
     place_apart,
     stacked_request,
@@ -236,13 +237,19 @@ class DataPlane:
                 request, len(rows), inputs_apart, regions, staged, on_device=on_device
             )
             wanted: list[list[RequestedOutput]] = []
+            to_device: dict[str, DeviceParts] = {}
             if outputs_apart:
                 wanted = per_request(request.outputs, len(rows))
                 check_output_regions(model.config, wanted, rows, regions)
                 stacked.outputs = [RequestedOutput(o.name) for o in wanted[0]]
-            response = await self._infer(route, stacked, started, rows, device)
+                if on_device:
+                    to_device = device_destinations(model.config, wanted, rows, regions)
+            written: set[str] = set()
+            response = await self._infer(
+                route, stacked, started, rows, device, to_device=to_device, written=written
+            )
             if outputs_apart:
-                response.outputs = place_apart(response.outputs, rows, wanted, regions)
+                response.outputs = place_apart(response.outputs, rows, wanted, regions, written)
             elif staged:
                 response.outputs = self._shm.unstaged(response.outputs)
             return response
@@ -257,8 +264,13 @@ class DataPlane:
         started: int,
         members: Sequence[int] = (),
         device: Mapping[str, DeviceParts] | None = None,
+        *,
+        to_device: Mapping[str, DeviceParts] | None = None,
+        written: set[str] | None = None,
     ) -> InferResponse:
-        """``device``: inputs of a micro-batch (``members``) already read, left in GPU memory."""
+        """``device``: inputs of a micro-batch (``members``) already read, left in GPU memory;
+        ``to_device``: its outputs' places in GPU memory, which the backend may write there
+        itself (the names it wrote are added to ``written``)."""
         model = route.model
         staged: list[Block] = []  # shared-memory inputs read into the staging arena
         try:
@@ -268,6 +280,10 @@ class DataPlane:
                 **(device or {}),
             }
             model_request = to_model_request(model.config, request, on_gpu, self._limits)
+            if to_device:
+                model_request.device_outputs = dict(to_device)
+                if written is not None:
+                    model_request.outputs_on_device = written  # the backend adds to it
             if TRACING.tracer is not None:
                 TRACING.annotate_request(model_request.batch_size)
             done = await self._schedule(route, model_request)

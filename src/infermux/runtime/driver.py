@@ -88,6 +88,19 @@ class Driver:
             offset += size
         return offset
 
+    def scatter_from_device(
+        self, source: int, parts: Iterable[tuple[int, int]], stream: int
+    ) -> int:
+        """Copy consecutive bytes from device address ``source`` to ``parts`` (address, bytes),
+        one after the other, device to device, asynchronously on ``stream``: the reverse of
+        :meth:`gather_to_device`. Returns the bytes queued."""
+        copy = self.bind().cuMemcpyDtoDAsync_v2
+        offset = 0
+        for address, size in parts:
+            _check("cuMemcpyDtoDAsync", copy(address, source + offset, size, stream))
+            offset += size
+        return offset
+
 
 def _check(name: str, result: int) -> None:
     if result != 0:

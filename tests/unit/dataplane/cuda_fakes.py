@@ -30,9 +30,12 @@ def write_plus_one(repo: Path, name: str = "plus_one", backend: str = NAME) -> N
 
 
 class PlusOneInstance:
-    def __init__(self, ipc: FakeIpc, batches: list[list[ModelRequest]]) -> None:
+    def __init__(
+        self, ipc: FakeIpc, batches: list[list[ModelRequest]], writes_outputs: bool = False
+    ) -> None:
         self._ipc = ipc
         self._batches = batches
+        self._writes_outputs = writes_outputs
 
     def _rows(self, request: ModelRequest) -> npt.NDArray[np.float32]:
         if "INPUT0" in request.inputs:
@@ -46,7 +49,19 @@ class PlusOneInstance:
 
     def execute(self, requests: Sequence[ModelRequest]) -> Sequence[ExecuteResult]:
         self._batches.append(list(requests))
-        return [{"OUTPUT0": self._rows(r) + 1.0} for r in requests]
+        results: list[ExecuteResult] = []
+        for request in requests:
+            output = self._rows(request) + 1.0
+            destination = request.device_outputs.get("OUTPUT0")
+            if self._writes_outputs and destination is not None:
+                start = 0  # as the GPU path does: each part its rows, "device to device"
+                for part in destination.parts:
+                    rows = output[start : start + part.shape[0]]
+                    self._ipc.from_host(part.pointer, rows.tobytes(), part.device_id)
+                    start += part.shape[0]
+                request.outputs_on_device.add("OUTPUT0")
+            results.append({"OUTPUT0": output})
+        return results
 
     def close(self) -> None:
         pass
@@ -59,10 +74,12 @@ class PlusOneBackend:
     name = NAME
     stacks_inputs = True
 
-    def __init__(self, ipc: FakeIpc, on_device: bool = True) -> None:
+    def __init__(self, ipc: FakeIpc, on_device: bool = True, writes_outputs: bool = False) -> None:
         self.ipc = ipc
         self.accepts_device_inputs = on_device
+        self.writes_outputs = writes_outputs
+        """Writes the outputs a request wants in GPU memory there itself (as PyTorch's graphs)."""
         self.batches: list[list[ModelRequest]] = []
 
     def load(self, context: ModelContext) -> PlusOneInstance:
-        return PlusOneInstance(self.ipc, self.batches)
+        return PlusOneInstance(self.ipc, self.batches, self.writes_outputs)

@@ -12,19 +12,24 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as pb
 
 from infermux.backends import BackendRegistry
 from infermux.backends.base import DeviceParts
 from infermux.dataplane import DataPlane
 from infermux.dataplane.cuda_shared_memory import CudaSharedMemoryRegistry
-from infermux.dataplane.micro_batches import Ungroupable
+from infermux.dataplane.micro_batches import Ungroupable, device_destinations
+from infermux.dataplane.regions import Regions
 from infermux.dataplane.shared_memory import SharedMemoryRegistry
+from infermux.model_config import ModelConfig
 from infermux.repository import ControlMode, ModelRepository
 from infermux.types import (
     SHM_BYTE_SIZE,
     SHM_OFFSET,
     SHM_REGION,
     InferRequest,
+    Parameters,
     RequestedOutput,
     Tensor,
 )
@@ -70,11 +75,11 @@ async def served(
     await repository.close()
 
 
-def region(name: str, row: int, rows: int) -> dict[str, object]:
+def region(name: str, row: int, rows: int) -> Parameters:
     return {SHM_REGION: name, SHM_OFFSET: row * ROW, SHM_BYTE_SIZE: rows * ROW}
 
 
-def micro_batch(rows: list[int], inputs: list[dict[str, object]] | None = None) -> InferRequest:
+def micro_batch(rows: list[int], inputs: list[Parameters] | None = None) -> InferRequest:
     """What the executor is sent for ``len(rows)`` requests of ``rows[i]`` rows, their inputs
     and outputs in CUDA regions 'in' and 'out' (request i from row sum(rows[:i]) on)."""
     starts = [sum(rows[:i]) for i in range(len(rows))]
@@ -84,11 +89,11 @@ def micro_batch(rows: list[int], inputs: list[dict[str, object]] | None = None) 
         "plus_one",
         "",
         [
-            Tensor("INPUT0", "FP32", (n, 4), np.empty(0, np.float32), dict(p))  # type: ignore[arg-type]
+            Tensor("INPUT0", "FP32", (n, 4), np.empty(0, np.float32), dict(p))
             for n, p in zip(rows, inputs, strict=True)
         ],
         [
-            RequestedOutput("OUTPUT0", region("out", s, n))  # type: ignore[arg-type]
+            RequestedOutput("OUTPUT0", region("out", s, n))
             for s, n in zip(starts, rows, strict=True)
         ],
     )
@@ -181,3 +186,88 @@ async def test_system_and_cuda_inputs_in_one_micro_batch_are_stacked_on_the_host
     assert not model_request.device_inputs
     assert model_request.inputs["INPUT0"][:, 0].tolist() == [0, 10, 10, 3]
     assert written(ipc, 4) == [1, 11, 11, 4]
+
+
+async def test_outputs_the_backend_wrote_on_the_device_are_not_written_again(
+    tmp_path: Path, ipc: FakeIpc, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    backend = PlusOneBackend(ipc, writes_outputs=True)
+    repository, plane = await serving(tmp_path, backend)
+    try:
+        fill(ipc, HANDLE, 6)
+
+        def no_host_write(*args: object) -> None:
+            raise AssertionError("an output the backend placed went through the host again")
+
+        monkeypatch.setattr(CudaSharedMemoryRegistry, "write", no_host_write)
+        rows = [2, 1, 3]
+        response = await plane.infer_many(
+            micro_batch(rows), rows, inputs_apart=True, outputs_apart=True
+        )
+        ((model_request,),) = backend.batches
+        parts = model_request.device_outputs["OUTPUT0"]
+        base = min(b for b, h in ipc.bases.items() if h == OUT_HANDLE)
+        assert [(p.pointer - base, p.shape) for p in parts.parts] == [
+            (0, (2, 4)),
+            (2 * ROW, (1, 4)),
+            (3 * ROW, (3, 4)),
+        ]
+        assert model_request.outputs_on_device == {"OUTPUT0"}
+        assert written(ipc, 6) == [1, 2, 3, 4, 5, 6]
+        answered = [
+            (o.parameters[SHM_REGION], o.parameters[SHM_OFFSET], o.parameters[SHM_BYTE_SIZE])
+            for o in response.outputs
+        ]
+        assert answered == [("out", 0, 2 * ROW), ("out", 2 * ROW, ROW), ("out", 3 * ROW, 3 * ROW)]
+    finally:
+        plane.close()
+        await repository.close()
+
+
+async def test_outputs_not_all_in_cuda_regions_are_placed_from_the_host(
+    tmp_path: Path, ipc: FakeIpc, segment: shared_memory.SharedMemory
+) -> None:
+    backend = PlusOneBackend(ipc, writes_outputs=True)
+    repository, plane = await serving(tmp_path, backend)
+    try:
+        fill(ipc, HANDLE, 2)
+        await plane.shm_register("sys", segment.name, 0, 1024)
+        request = micro_batch([1, 1])
+        request.outputs[1] = RequestedOutput("OUTPUT0", region("sys", 0, 1))
+        await plane.infer_many(request, [1, 1], inputs_apart=True, outputs_apart=True)
+        ((model_request,),) = backend.batches
+        assert model_request.device_outputs == {}
+        assert model_request.outputs_on_device == set()
+        assert written(ipc, 1) == [1]
+        assert segment.buf is not None
+        assert np.frombuffer(bytes(segment.buf[:ROW]), np.float32).tolist() == [2, 2, 2, 2]
+    finally:
+        plane.close()
+        await repository.close()
+
+
+def test_device_destinations_leave_outputs_asked_with_more_than_a_place_on_the_host(
+    ipc: FakeIpc,
+) -> None:
+    cuda = CudaSharedMemoryRegistry(enabled=True, ipc=lambda: ipc)
+    cuda.register("out", OUT_HANDLE, 0, 1024)
+    regions = Regions(SharedMemoryRegistry(enabled=True), cuda)
+    config = ModelConfig.from_proto(
+        text_format.Parse(
+            'name: "m" max_batch_size: 8 '
+            'input [ { name: "X", data_type: TYPE_FP16, dims: [ 3 ] } ] '
+            'output [ { name: "Y", data_type: TYPE_FP16, dims: [ 3 ] }, '
+            '{ name: "S", data_type: TYPE_STRING, dims: [ 1 ] } ]',
+            pb.ModelConfig(),
+        )
+    )
+    y = [RequestedOutput("Y", region("out", 0, 1)), RequestedOutput("Y", region("out", 1, 2))]
+    (found,) = device_destinations(config, [[y[0]], [y[1]]], [1, 2], regions).values()
+    described = [(p.shape, p.dtype.name) for p in found.parts]
+    assert described == [((1, 3), "float16"), ((2, 3), "float16")]
+    classified = RequestedOutput("Y", {**region("out", 1, 2), "classification": 2})
+    assert device_destinations(config, [[y[0]], [classified]], [1, 2], regions) == {}
+    strings = [[RequestedOutput("S", region("out", 0, 1))]] * 2
+    assert device_destinations(config, strings, [1, 1], regions) == {}
+    gone = [RequestedOutput("Y", region("nope", 0, 1))]
+    assert device_destinations(config, [[y[0]], gone], [1, 1], regions) == {}
