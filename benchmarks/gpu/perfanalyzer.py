@@ -31,6 +31,7 @@ import re
 import resource
 import shlex
 import shutil
+import signal
 import subprocess
 import time
 from collections.abc import Callable
@@ -242,6 +243,8 @@ def run(
     if rc != 0:
         tail = " ".join(log_text[-1500:].split())
         why = "timed out" if rc is None else f"rc={rc}"
+        if rc == -signal.SIGKILL:  # nothing here kills it before its timeout: the OOM killer
+            why += " (killed: SIGKILL, most likely out of memory)"
         if "items_per_s" in result:
             result["pa_note"] = f"perf_analyzer {why}: {tail[-400:]}"
         else:  # a request failed (perf_analyzer stops at the first), or it did not start

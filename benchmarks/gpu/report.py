@@ -39,7 +39,13 @@ def render(doc: dict[str, Any]) -> list[str]:
             f"{'async' if cfg.get('pa_async') else 'sync'} mode, the reference request as "
             f"`--input-data` JSON, `--measurement-interval {cfg.get('pa_interval_ms')} "
             f"--stability-percentage {cfg.get('pa_stability'):g} --max-trials "
-            f"{cfg.get('pa_max_trials')}`; infer/s and p50/p99 are perf_analyzer's (its stable "
+            f"{cfg.get('pa_max_trials')}`"
+            + (
+                f" (`pa_http`: `--measurement-interval {cfg['pa_http_interval_ms']}`)"
+                if cfg.get("pa_http_interval_ms")
+                else ""
+            )
+            + "; infer/s and p50/p99 are perf_analyzer's (its stable "
             "windows; `~` = no stable window, the last pass's throughput); the server-side "
             f"readings (GPU, batch, CPU) cover its whole run from {cfg['warmup']} s after its start. "
             "perf_analyzer checks no answer: each server's warm-up runs loadgen's equivalent "

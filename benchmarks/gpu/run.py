@@ -275,7 +275,7 @@ class Bench:
         """(usual, worst) wall seconds of one point."""
         args = self.args
         if protocol in perfanalyzer.PROTOCOLS:
-            return perfanalyzer.expected_s(args.pa_interval_ms, args.pa_max_trials)
+            return perfanalyzer.expected_s(interval_ms(args, protocol), args.pa_max_trials)
         seconds = args.warmup + args.window + POINT_OVERHEAD_S
         return seconds, seconds
 
@@ -387,7 +387,7 @@ class Bench:
             concurrency=conc,
             input_data=data,
             csv_path=self.files / f"{stem}.csv",
-            interval_ms=args.pa_interval_ms,
+            interval_ms=interval_ms(args, protocol),
             stability=args.pa_stability,
             max_trials=args.pa_max_trials,
             extra=extra,
@@ -518,10 +518,24 @@ def server_runs(args: argparse.Namespace) -> list[tuple[str, str, int]]:
     return runs
 
 
+def interval_ms(args: argparse.Namespace, protocol: str) -> int:
+    """perf_analyzer's measurement window for ``protocol``. Over HTTP its own memory grows with
+    every request it sends (~the input's size: 150 KB for ResNet-50), so at ~12k requests/s five
+    4 s windows get it killed for memory on the device; HTTP points may use shorter ones."""
+    if protocol == "pa_http" and args.pa_http_interval_ms:
+        return int(args.pa_http_interval_ms)
+    return int(args.pa_interval_ms)
+
+
+def point_s(args: argparse.Namespace, protocol: str, loadgen: float) -> tuple[float, float]:
+    if protocol in perfanalyzer.PROTOCOLS:
+        return perfanalyzer.expected_s(interval_ms(args, protocol), args.pa_max_trials)
+    return loadgen, loadgen
+
+
 def estimate_s(args: argparse.Namespace) -> tuple[float, float]:
     """Rough (usual, worst) wall time of the requested run, printed up front. perf_analyzer
     points take 3 to --pa-max-trials measurement intervals each."""
-    pa = perfanalyzer.expected_s(args.pa_interval_ms, args.pa_max_trials)
     loadgen = args.warmup + args.window + POINT_OVERHEAD_S
     usual = worst = 0.0
     for _, kind, _ in server_runs(args):
@@ -531,12 +545,12 @@ def estimate_s(args: argparse.Namespace) -> tuple[float, float]:
         usual += SERVER_OVERHEAD_S + args.server_warmup
         worst += SERVER_OVERHEAD_S + args.server_warmup
         for protocol in protocols:
-            low, high = pa if protocol in perfanalyzer.PROTOCOLS else (loadgen, loadgen)
+            low, high = point_s(args, protocol, loadgen)
             usual += low * len(args.concurrency)
             worst += high * len(args.concurrency)
         profiled = profile_protocol(args, protocols) if kind == "infermux" else None
         if profiled:
-            low, high = pa if profiled in perfanalyzer.PROTOCOLS else (loadgen, loadgen)
+            low, high = point_s(args, profiled, loadgen)
             usual += max(low, args.warmup + args.profile_seconds + 3)
             worst += max(high, args.warmup + args.profile_seconds + 3)
     models = len(args.models)
@@ -608,6 +622,12 @@ def parse_args() -> argparse.Namespace:
     )
     p.add_argument(
         "--pa-interval-ms", type=int, default=4000, help="perf_analyzer --measurement-interval"
+    )
+    p.add_argument(
+        "--pa-http-interval-ms",
+        type=int,
+        default=0,
+        help="perf_analyzer --measurement-interval for pa_http (default: --pa-interval-ms)",
     )
     p.add_argument(
         "--pa-stability", type=float, default=25, help="perf_analyzer --stability-percentage"

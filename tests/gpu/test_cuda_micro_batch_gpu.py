@@ -140,11 +140,17 @@ class SameProcessIpc(CudaRuntime):
 IN, OUT = bytes(64), bytes([1] * 64)
 
 
-@pytest.fixture(params=["", GRAPHS], ids=["eager", "graphs"])
+# (optimization, the output's dims in the config): only an output of fixed size has a place a
+# batch can copy it to before the model has run.
+PLANES = {"eager": ("", "8"), "graphs": (GRAPHS, "8"), "graphs-variable-dims": (GRAPHS, "-1")}
+
+
+@pytest.fixture(params=list(PLANES), ids=list(PLANES))
 async def plane(
     request: pytest.FixtureRequest, tmp_path: Path
 ) -> AsyncIterator[tuple[DataPlane, dict[bytes, torch.Tensor]]]:
-    write(tmp_path, Wide(), BATCHING + request.param)
+    parameters, dims = PLANES[request.param]
+    write(tmp_path, Wide(), BATCHING + parameters, output_dims=dims)
     repository = ModelRepository([tmp_path], BackendRegistry(), control_mode=ControlMode.NONE)
     await repository.start()
     regions = {
@@ -168,7 +174,7 @@ async def test_a_micro_batch_of_cuda_requests_answers_as_the_eager_model(
     request: pytest.FixtureRequest,
 ) -> None:
     data_plane, regions = plane
-    graphs = request.node.callspec.params["plane"] == GRAPHS
+    on_gpu = request.node.callspec.params["plane"] == "graphs"
     model_requests: list[ModelRequest] = []
     made = plane_module.to_model_request  # type: ignore[attr-defined]
     host_writes: list[str] = []
@@ -215,9 +221,9 @@ async def test_a_micro_batch_of_cuda_requests_answers_as_the_eager_model(
     response = await data_plane.infer_many(micro, counts, inputs_apart=True, outputs_apart=True)
     (model_request,) = model_requests  # one queue entry for the three requests
     # A graph's batch copies each request's output rows into its region on the GPU; an eager
-    # batch's outputs go through host memory, one write per request.
-    assert model_request.outputs_on_device == ({"OUTPUT__0"} if graphs else set())
-    assert host_writes == ([] if graphs else ["OUTPUT__0"] * 3)
+    # batch's outputs, and ones of variable size, go through host memory, one write per request.
+    assert model_request.outputs_on_device == ({"OUTPUT__0"} if on_gpu else set())
+    assert host_writes == ([] if on_gpu else ["OUTPUT__0"] * 3)
     parts = model_request.device_inputs["INPUT__0"]
     assert isinstance(parts, DeviceParts)
     assert [p.shape[0] for p in parts.parts] == counts

@@ -33,13 +33,16 @@ class Wide(torch.nn.Module):
         return out
 
 
-def write(repo: Path, model: torch.nn.Module, parameters: str = "") -> Path:
+def write(
+    repo: Path, model: torch.nn.Module, parameters: str = "", *, output_dims: str = "-1"
+) -> Path:
+    """``output_dims``: the output's dims in the config (``Wide`` answers 8 per row)."""
     model_dir = repo / "m"
     (model_dir / "1").mkdir(parents=True)
     (model_dir / "config.pbtxt").write_text(
         'name: "m"\nplatform: "pytorch_libtorch"\nmax_batch_size: 8\n'
         f'input [ {{ name: "INPUT__0", data_type: TYPE_FP32, dims: [ {WIDTH} ] }} ]\n'
-        'output [ { name: "OUTPUT__0", data_type: TYPE_FP32, dims: [ -1 ] } ]\n'
+        f'output [ {{ name: "OUTPUT__0", data_type: TYPE_FP32, dims: [ {output_dims} ] }} ]\n'
         "instance_group [ { kind: KIND_GPU, count: 1 } ]\n" + parameters
     )
     with warnings.catch_warnings():
