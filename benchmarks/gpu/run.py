@@ -104,9 +104,12 @@ class Bench:
         if any(p in perfanalyzer.PROTOCOLS for p in args.protocols):
             self.pa, how = perfanalyzer.locate(args.perf_analyzer, ROOT)
             self.doc["perf_analyzer"] = {"argv": self.pa, "found": how}
-            if self.pa:
-                done = subprocess.run([*self.pa, "--version"], capture_output=True, text=True)
-                self.doc["perf_analyzer"]["version"] = (done.stdout + done.stderr).strip()
+            if not self.pa:
+                # Asked for by name: a run without its client would only measure the raw model
+                # (and cost a device call) -- stop before anything starts.
+                raise SystemExit(f"{how} (needed by --protocols {','.join(args.protocols)})")
+            done = subprocess.run([*self.pa, "--version"], capture_output=True, text=True)
+            self.doc["perf_analyzer"]["version"] = (done.stdout + done.stderr).strip()
 
     # ------------------------------------------------------------------------- output
     def save(self, pack: bool = False) -> None:
@@ -265,8 +268,6 @@ class Bench:
         args = self.args
         if protocol == "pa_grpc_cuda_shm" and args.device != "cuda":
             return "CUDA shared memory needs --device cuda"
-        if protocol in perfanalyzer.PROTOCOLS and self.pa is None:
-            return str(self.doc["perf_analyzer"]["found"])
         if not self.clock.allows(self.point_s(protocol)[0]):
             return "deadline"
         return ""
