@@ -520,9 +520,11 @@ def server_runs(args: argparse.Namespace) -> list[tuple[str, str, int]]:
 
 
 def interval_ms(args: argparse.Namespace, protocol: str) -> int:
-    """perf_analyzer's measurement window for ``protocol``. Over HTTP its own memory grows with
-    every request it sends (~the input's size: 150 KB for ResNet-50), so at ~12k requests/s five
-    4 s windows get it killed for memory on the device; HTTP points may use shorter ones."""
+    """perf_analyzer's measurement window for ``protocol``. perf_analyzer's own memory grows with
+    every request it sends (its known leak at high rates, triton-inference-server/perf_analyzer#84;
+    here: ~400 MB/s against a 150 KB identity model over HTTP, less over gRPC), so at ~12k
+    ResNet-50 requests/s five 4 s HTTP windows got it OOM-killed on the device; HTTP points may
+    use shorter ones."""
     if protocol == "pa_http" and args.pa_http_interval_ms:
         return int(args.pa_http_interval_ms)
     return int(args.pa_interval_ms)
