@@ -66,6 +66,16 @@ def stats_counters(document: Any) -> dict[str, int]:
     return out
 
 
+def batch_counters(document: Any) -> dict[int, tuple[int, int]]:
+    """Executions by batch size from one model's ``batch_stats`` (statistics extension):
+    ``{rows: (executions, compute-infer ns)}``."""
+    out = {}
+    for entry in document["model_stats"][0].get("batch_stats", []):
+        infer = entry.get("compute_infer", {"count": 0, "ns": 0})
+        out[int(entry["batch_size"])] = (int(infer["count"]), int(infer["ns"]))
+    return out
+
+
 def stat_fields(pid: int) -> list[str] | None:
     """Fields of /proc/<pid>/stat after the command name (which may contain spaces)."""
     try:

@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: benchkit
-from benchkit import machine_info, stats_counters
+from benchkit import batch_counters, machine_info, stats_counters
 
-__all__ = ["stats_counters"]  # siblings read it from here
+__all__ = ["batch_counters", "stats_counters"]  # siblings read them from here
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 PACKAGES = (
@@ -52,6 +52,38 @@ def stats_delta(before: dict[str, int], after: dict[str, int]) -> dict[str, Any]
         "server_compute_infer_us": per_request_us("compute_infer"),
         "server_compute_output_us": per_request_us("compute_output"),
     }
+
+
+def batch_delta(
+    before: dict[int, tuple[int, int]], after: dict[int, tuple[int, int]]
+) -> dict[str, Any]:
+    """The window's executions by batch size (``batch_sizes``: rows -> executions) and each
+    size's mean compute infer (``compute_infer_us_by_batch``), from two :func:`batch_counters`."""
+    sizes: dict[str, int] = {}
+    infer_us: dict[str, float] = {}
+    for size in sorted(after):
+        count = after[size][0] - before.get(size, (0, 0))[0]
+        if count > 0:
+            ns = after[size][1] - before.get(size, (0, 0))[1]
+            sizes[str(size)] = count
+            infer_us[str(size)] = round(ns / count / 1e3, 1)
+    return {"batch_sizes": sizes, "compute_infer_us_by_batch": infer_us}
+
+
+def padding(batch_sizes: dict[str, int], buckets: list[int]) -> dict[str, Any] | None:
+    """What padding batches up to the CUDA graph ``buckets`` cost: each execution of ``rows``
+    replays the smallest bucket that holds it (as infermux pads), so ``padded_rows_pct`` is the
+    share of the rows the GPU ran that were padding. None without buckets (eager) or batches."""
+    if not buckets or not batch_sizes:
+        return None
+    ordered = sorted(buckets)
+    real = run = 0
+    for size_text, count in batch_sizes.items():
+        size = int(size_text)
+        bucket = next((b for b in ordered if b >= size), size)  # past the largest: eager
+        real += size * count
+        run += bucket * count
+    return {"padded_rows_pct": round(100 * (run - real) / run, 1)}
 
 
 def machine() -> dict[str, Any]:

@@ -123,6 +123,9 @@ def _model(model: str, entry: dict[str, Any], top: int) -> list[str]:
     split = tables.cpu_split(entry, top)
     if split:
         lines += [f"### infermux CPU at c={top}\n", *split, ""]
+    sizes = tables.batches(entry, top)
+    if sizes:
+        lines += [f"### infermux batches at c={top}\n", *sizes, ""]
     lines += ["### All readings\n", *tables.details(entry, ceiling), ""]
     lines += _notes(entry)
     return [*lines, ""]

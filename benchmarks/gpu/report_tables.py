@@ -1,6 +1,7 @@
 """The tables of ``gpu_bench.md`` for one model (report.py puts them together): the headline table
 (issue 24's columns), the details of every point, GPU memory against the in-process minimum and
-LitServe, and infermux's CPU per process role and executor thread at the highest concurrency."""
+LitServe, infermux's CPU per process role and executor thread at the highest concurrency, and
+its batches there (sizes, CUDA graph padding)."""
 
 from __future__ import annotations
 
@@ -159,6 +160,30 @@ def cpu_split(entry: dict[str, Any], concurrency: int) -> list[str]:
             f"{roles}"
             + (f"; front ends one by one (cores) {procs}" if procs else "")
             + (f"; executor threads (cores / µs per request) {threads}" if threads else "")
+            + "."
+        )
+    return lines
+
+
+def batches(entry: dict[str, Any], concurrency: int) -> list[str]:
+    """infermux's executions by batch size at ``concurrency``: the most frequent sizes with their
+    mean compute infer, and the share of the rows the GPU ran that were graph padding."""
+    lines = []
+    for name, p in points(entry):
+        sizes = p.get("batch_sizes")
+        if not measured(p) or p["concurrency"] != concurrency or not sizes:
+            continue
+        infer = p.get("compute_infer_us_by_batch", {})
+        common = sorted(sizes.items(), key=lambda kv: -kv[1])[:8]
+        listed = ", ".join(
+            f"{size} x{count} ({fmt(infer.get(size), ',.0f')} µs)"
+            for size, count in sorted(common, key=lambda kv: int(kv[0]))
+        )
+        padded = p.get("padded_rows_pct")
+        lines.append(
+            f"- {name} {p['protocol']} c={concurrency}: {sum(sizes.values()):,} executions, "
+            f"the most frequent sizes (rows x executions, mean compute infer) {listed}"
+            + (f"; graph padding {padded}% of the rows run" if padded is not None else "")
             + "."
         )
     return lines

@@ -45,7 +45,7 @@ from clients import Target
 from loadgen import run_point
 from nvml import Nvml
 from procs import get_json
-from readings import git_commit, machine, versions
+from readings import git_commit, machine, padding, versions
 from report import write_md
 from servers import PROTOCOLS, SERVERS, Server, start_infermux, start_peer
 from specs import MODELS, load_reference, model_spec
@@ -236,6 +236,12 @@ class Bench:
                     entry["infermux_memory_usage"] = stats["model_stats"][0].get("memory_usage")
                 except Exception as exc:
                     entry["infermux_memory_usage"] = repr(exc)
+                # CPU instances capture no graphs, whatever the config says.
+                entry["graph_buckets"] = (
+                    graph_bucket_sizes(self.work / "repos" / model / model)
+                    if args.device == "cuda"
+                    else []
+                )
             for protocol in protocols:
                 for conc in args.concurrency:
                     why = self.skip_reason(protocol)
@@ -247,6 +253,9 @@ class Bench:
                     point = self.point(
                         model, server, protocol, conc, baseline=baseline, names=names
                     )
+                    buckets = entry.get("graph_buckets")
+                    if isinstance(buckets, list):
+                        point.update(padding(point.get("batch_sizes") or {}, buckets) or {})
                     entry["points"].append(point)
                     self.report_point(model, name, point)
                     self.save()
@@ -487,7 +496,8 @@ class Bench:
                 if pa
                 else f"err={point['errors']} bad={point['mismatched']} "
             )
-            + f"batch={point.get('avg_batch')} gpu={point.get('gpu_util_mean')}% "
+            + f"batch={point.get('avg_batch')} pad={point.get('padded_rows_pct')}% "
+            f"gpu={point.get('gpu_util_mean')}% "
             f"cpu s/c={point.get('server_cpu')}/{point.get('client_cpu')} "
             f"exec µs/req={point.get('executor_cpu_us_per_request')} "
             f"fe µs/req={point.get('frontend_cpu_us_per_request')}"
@@ -517,6 +527,19 @@ def server_runs(args: argparse.Namespace) -> list[tuple[str, str, int]]:
         else:
             runs.extend((f"infermux-f{n}", kind, n) for n in args.frontends)
     return runs
+
+
+def graph_bucket_sizes(model_dir: Path) -> list[int] | str:
+    """The batch sizes infermux captures CUDA graphs at for the config the run wrote (its own
+    rule, ``runtime/graphs.graph_buckets``); [] without graphs, the error's text when infermux
+    cannot say (then no padding is reported)."""
+    try:
+        from infermux.repository import load_model_config
+        from infermux.runtime.graphs import graph_buckets
+
+        return [b.batch_size for b in graph_buckets(load_model_config(model_dir))]
+    except Exception as exc:
+        return repr(exc)
 
 
 def interval_ms(args: argparse.Namespace, protocol: str) -> int:

@@ -11,7 +11,7 @@ import cpuroles
 import pyspy
 from nvml import Nvml, Sampler
 from procs import cpu_seconds, get_json
-from readings import stats_counters, stats_delta
+from readings import batch_counters, batch_delta, stats_counters, stats_delta
 from servers import Server
 
 
@@ -36,7 +36,9 @@ class Window:
         if self._infermux:
             snap["roles"] = cpuroles.snapshot(self._server.process.pid, pids, self._executors)
             try:
-                snap["stats"] = stats_counters(get_json(self._stats_url))
+                document = get_json(self._stats_url)
+                snap["stats"] = stats_counters(document)
+                snap["batches"] = batch_counters(document)
             except Exception as exc:
                 snap["stats_error"] = repr(exc)
         return snap
@@ -73,6 +75,7 @@ class Window:
         requests, batches = completed, None
         if "stats" in before and "stats" in after:
             out.update(stats_delta(before["stats"], after["stats"]))
+            out.update(batch_delta(before["batches"], after["batches"]))
             requests, batches = out["server_inferences"], out["server_executions"]
             out["server_items_per_s"] = round(requests / span, 1)
         out["group_cpu_us_per_request"] = round(cpu * 1e6 / requests, 1) if requests else None
