@@ -147,17 +147,20 @@ class Stream:
         self.client.stop_stream()
         self.client.close()
 
+    def __enter__(self) -> Stream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
 
 @pytest.mark.parametrize("model", list(MODELS))
 def test_responses_come_in_order_then_an_empty_final_response(
     server: ServerProcess, model: str
 ) -> None:
-    stream = Stream(server)
-    try:
+    with Stream(server) as stream:
         stream.send(model, [7, 8, 9], "r1")
         answers = stream.take(4)
-    finally:
-        stream.close()
     assert answers == [
         ("ok", ("r1", 7, 0, 1, False)),
         ("ok", ("r1", 8, 1, 1, False)),
@@ -170,12 +173,9 @@ def test_responses_come_in_order_then_an_empty_final_response(
 def test_an_error_mid_stream_is_one_response_and_the_stream_goes_on(
     server: ServerProcess, model: str
 ) -> None:
-    stream = Stream(server)
-    try:
+    with Stream(server) as stream:
         stream.send(model, [1, -1, 3], "r2")
         answers = stream.take(4)
-    finally:
-        stream.close()
     assert answers[0] == ("ok", ("r2", 1, 0, 1, False))
     assert answers[1][0] == "error"
     assert "negative value at 1" in answers[1][1]
@@ -204,11 +204,8 @@ def stream_one_batch(stream: Stream, model: str) -> None:
 def test_a_batch_of_requests_each_streams_its_own_answers(
     server: ServerProcess, model: str
 ) -> None:
-    stream = Stream(server)
-    try:
+    with Stream(server) as stream:
         stream_one_batch(stream, model)
-    finally:
-        stream.close()
 
 
 def test_without_enable_empty_final_response_the_flag_alone_sends_nothing(
@@ -248,12 +245,9 @@ def test_a_decoupled_model_refuses_a_single_response_call(server: ServerProcess)
 def test_statistics_count_each_streamed_request_once(server: ServerProcess) -> None:
     client = httpclient.InferenceServerClient(server.url)
     before = client.get_inference_statistics("triton_repeat")["model_stats"][0]
-    stream = Stream(server)
-    try:
+    with Stream(server) as stream:
         stream.send("triton_repeat", [1, 2, 3, 4], "s")
         stream.take(5)
-    finally:
-        stream.close()
     after = client.get_inference_statistics("triton_repeat")["model_stats"][0]
     succeeded = after["inference_stats"]["success"]["count"]
     assert succeeded - before["inference_stats"]["success"]["count"] == 1

@@ -177,12 +177,9 @@ def test_decoupled_models_load_with_several_processes(server: ServerProcess) -> 
 def test_grpc_responses_come_in_order_with_errors_mid_stream(
     server: ServerProcess, model: str
 ) -> None:
-    stream = Stream(server)
-    try:
+    with Stream(server) as stream:
         stream.send(model, [7, -1, 9, 10], "r1")
         answers = stream.take(5)
-    finally:
-        stream.close()
     assert answers[0] == ("ok", ("r1", 7, 0, 1, False))
     assert answers[1][0] == "error"
     assert "negative value at 1" in answers[1][1]
@@ -195,13 +192,10 @@ def test_grpc_responses_come_in_order_with_errors_mid_stream(
 
 @pytest.mark.parametrize("model", list(MODELS))
 def test_a_batch_of_streamed_requests_runs_together(server: ServerProcess, model: str) -> None:
-    stream = Stream(server)
-    try:
+    with Stream(server) as stream:
         stream.send(model, [1], "warm")  # the front end learns the model is decoupled
         stream.take(2)
         stream_one_batch(stream, model)
-    finally:
-        stream.close()
 
 
 @pytest.mark.parametrize("model", list(MODELS))
@@ -278,15 +272,12 @@ def test_a_client_that_stops_reading_holds_the_model_back(
 def test_streams_stay_on_one_executor_and_spread_over_the_hosts(
     server: ServerProcess, mode: str
 ) -> None:
-    stream = Stream(server)
-    try:
+    with Stream(server) as stream:
         stream.send("where", [0], "w0")  # learnt decoupled, then four at once
         stream.take(4)
         for i in range(4):
             stream.send("where", [0], f"w{i + 1}")
         answers = stream.take(16)
-    finally:
-        stream.close()
     pids: dict[str, set[int]] = {}
     for kind, answer in answers:
         assert kind == "ok", answer
@@ -299,13 +290,10 @@ def test_streams_stay_on_one_executor_and_spread_over_the_hosts(
 def test_statistics_count_each_streamed_request_once(server: ServerProcess) -> None:
     client = httpclient.InferenceServerClient(server.url)
     before = client.get_inference_statistics("triton_repeat")["model_stats"][0]
-    stream = Stream(server)
-    try:
+    with Stream(server) as stream:
         for i in range(3):
             stream.send("triton_repeat", [1, 2, 3, 4], f"s{i}")
         stream.take(15)
-    finally:
-        stream.close()
     after = client.get_inference_statistics("triton_repeat")["model_stats"][0]
     client.close()
     succeeded = after["inference_stats"]["success"]["count"]
