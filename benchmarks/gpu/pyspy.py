@@ -37,7 +37,9 @@ def executable() -> str | None:
     return next((c for c in candidates if c and Path(c).is_file()), None)
 
 
-def start(pid: int, path: Path, seconds: float, rate: int = 100) -> dict[str, Any]:
+def start(
+    pid: int, path: Path, seconds: float, rate: int = 100, *, native: bool = False
+) -> dict[str, Any]:
     exe = executable()
     if exe is None:
         return {"error": "py-spy not found"}
@@ -53,10 +55,12 @@ def start(pid: int, path: Path, seconds: float, rate: int = 100) -> dict[str, An
         "--format",
         "speedscope",
         "--subprocesses",
-        "--nonblocking",
         "--output",
         str(path),
     ]
+    # --native (where a Python line's time goes inside C: a CUDA call, a syscall, uvloop) has to
+    # pause each process to unwind its stack; without it, sampling does not stop the server.
+    command.append("--native" if native else "--nonblocking")
     path.parent.mkdir(parents=True, exist_ok=True)
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     return {"process": proc, "path": path, "command": " ".join(command), "seconds": seconds}

@@ -427,11 +427,11 @@ class Bench:
         baseline: float | None,
         names: dict[int, str],
     ) -> dict[str, Any]:
-        """One more run at the highest concurrency with py-spy recording the whole process
-        group for ``--profile-seconds`` (a run of its own, so no measured point carries py-spy's
-        overhead; its figures are kept beside the profile)."""
+        """One more run at ``--profile-concurrency`` (default: the highest) with py-spy
+        recording the whole process group for ``--profile-seconds`` (a run of its own, so no
+        measured point carries py-spy's overhead; its figures are kept beside the profile)."""
         args = self.args
-        conc = max(args.concurrency)
+        conc = args.profile_concurrency or max(args.concurrency)
         usual, _ = self.point_s(protocol)
         if not self.clock.allows(max(usual, args.warmup + args.profile_seconds + 3)):
             self.clock.log(f"{model}/infermux: profile skipped (deadline)")
@@ -442,7 +442,11 @@ class Bench:
 
         def on_start() -> None:
             window.start()
-            handle.update(pyspy.start(server.process.pid, path, args.profile_seconds))
+            handle.update(
+                pyspy.start(
+                    server.process.pid, path, args.profile_seconds, native=args.profile_native
+                )
+            )
 
         self.clock.log(
             f"{model}/infermux: py-spy {args.profile_seconds:g} s at {protocol} c={conc}"
@@ -705,6 +709,18 @@ def parse_args() -> argparse.Namespace:
         help="the protocol of the --profile run (default pa_grpc_shm, else the first pa_* run)",
     )
     p.add_argument("--profile-seconds", type=float, default=5.0, help="py-spy record duration")
+    p.add_argument(
+        "--profile-concurrency",
+        type=int,
+        default=0,
+        help="concurrency of the --profile run (default: the highest of --concurrency)",
+    )
+    p.add_argument(
+        "--profile-native",
+        action="store_true",
+        help="py-spy --native: C/C++ frames too (time inside CUDA, torch, uvloop, grpc calls); "
+        "it pauses each process per sample, so that run's own figures are not comparable",
+    )
     p.add_argument("--keep-workdir", action="store_true", help="keep repositories and logs")
     return p.parse_args()
 
