@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-import infermux.dataplane.plane as plane_module
+import infermux.dataplane.inference as inference_module
 from infermux.backends import BackendRegistry, ModelRequest
 from infermux.backends.base import DeviceParts, ExecuteResult
 from infermux.dataplane import DataPlane
@@ -176,7 +176,7 @@ async def test_a_micro_batch_of_cuda_requests_answers_as_the_eager_model(
     data_plane, regions = plane
     on_gpu = request.node.callspec.params["plane"] == "graphs"
     model_requests: list[ModelRequest] = []
-    made = plane_module.to_model_request  # type: ignore[attr-defined]
+    made = inference_module.to_model_request  # type: ignore[attr-defined]
     host_writes: list[str] = []
     host_write = CudaSharedMemoryRegistry.write
 
@@ -190,7 +190,7 @@ async def test_a_micro_batch_of_cuda_requests_answers_as_the_eager_model(
         model_requests.append(made(*args, **kwargs))
         return model_requests[-1]
 
-    monkeypatch.setattr(plane_module, "to_model_request", recorded)
+    monkeypatch.setattr(inference_module, "to_model_request", recorded)
     counts = [2, 1, 3]
     x = rows(sum(counts), 7)
     regions[IN][: len(x)].copy_(torch.from_numpy(x))
