@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from specs import ModelSpec, reference_inputs
+from specs import ModelSpec, graphs_line, reference_inputs
 
 # ImageNet statistics, as torchvision's weights expect them.
 MEAN = (0.485, 0.456, 0.406)
@@ -124,12 +124,8 @@ def config_text(
         f"dynamic_batching {{ max_queue_delay_microseconds: {queue_delay_us} }}\n"
         f"instance_group [ {{ count: {instances}, kind: {kind}{placement} }} ]\n"
     )
-    if cuda_graphs and graph_batch_sizes:
-        # An explicit bucket set (e.g. the powers of two of infermux before its padding sizes).
-        spec_text = ", ".join(f"{{ batch_size: {b} }}" for b in graph_batch_sizes)
-        text += f"optimization {{ cuda {{ graphs: true graph_spec [ {spec_text} ] }} }}\n"
-    elif cuda_graphs:
-        text += "optimization { cuda { graphs: true } }\n"
+    if cuda_graphs:
+        text += graphs_line(graph_batch_sizes)
     return text
 
 

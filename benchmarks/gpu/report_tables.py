@@ -168,7 +168,11 @@ def cpu_split(entry: dict[str, Any], concurrency: int) -> list[str]:
 def batches(entry: dict[str, Any], concurrency: int) -> list[str]:
     """infermux's executions by batch size at ``concurrency``: the most frequent sizes with their
     mean compute infer, and the share of the rows the GPU ran that were graph padding."""
-    lines = []
+    lines = [
+        f"- {name}: CUDA graph buckets {', '.join(map(str, server['graph_buckets']))}."
+        for name, server in entry.get("servers", {}).items()
+        if isinstance(server.get("graph_buckets"), list) and server["graph_buckets"]
+    ]
     for name, p in points(entry):
         sizes = p.get("batch_sizes")
         if not measured(p) or p["concurrency"] != concurrency or not sizes:

@@ -48,7 +48,7 @@ from procs import get_json
 from readings import git_commit, machine, padding, versions
 from report import write_md
 from servers import PROTOCOLS, SERVERS, Server, start_infermux, start_peer
-from specs import MODELS, load_reference, model_spec
+from specs import MODELS, load_reference, model_spec, with_graphs
 from window import Window
 
 HERE = Path(__file__).resolve().parent
@@ -146,13 +146,16 @@ class Bench:
             f"{model}: ceiling {raw['ceiling_items_per_s']:,.0f} items/s, "
             f"batch-1 {raw['b1_latency_ms']:.3f} ms, export {raw['export_s']} s"
         )
-        for name, kind, frontends in server_runs(args):
+        for name, kind, frontends, buckets in server_runs(args):
             protocols = [p for p in args.protocols if p in PROTOCOLS[kind]] or list(PROTOCOLS[kind])
             if not self.clock.allows(20 + args.warmup + args.window + POINT_OVERHEAD_S):
                 entry["servers"][name] = {"skipped": "deadline"}
                 self.clock.log(f"{model}/{name}: skipped (deadline)")
                 continue
             self.frontends[name] = frontends
+            if buckets is not None:  # this run's CUDA graph buckets, in the shared export
+                config = self.work / "repos" / model / model / "config.pbtxt"
+                config.write_text(with_graphs(config.read_text(), buckets))
             entry["servers"][name] = self.run_server(model, name, protocols)
             self.save(pack=True)
 
@@ -519,18 +522,36 @@ def profile_protocol(args: argparse.Namespace, protocols: list[str]) -> str | No
     return next((p for p in usable if p in perfanalyzer.PROTOCOLS), usable[0] if usable else None)
 
 
-def server_runs(args: argparse.Namespace) -> list[tuple[str, str, int]]:
-    """(label, server kind, front-end processes) of every server run: infermux once per
-    ``--frontends`` value (labelled ``infermux-fN`` when several are asked)."""
-    runs = []
+ServerRun = tuple[str, str, int, tuple[int, ...] | None]
+"""(label, server kind, front-end processes, CUDA graph buckets: None = as exported)."""
+
+
+def server_runs(args: argparse.Namespace) -> list[ServerRun]:
+    """Every server run: infermux once per ``--frontends`` value and ``--graph-variants`` set
+    (labelled ``infermux-fN``, ``-gI`` when several are asked), each peer once."""
+    runs: list[ServerRun] = []
+    variants: list[tuple[int, ...] | None] = list(args.graph_variants) or [None]
     for kind in args.servers:
         if kind != "infermux":
-            runs.append((kind, kind, 1))
-        elif len(args.frontends) == 1:
-            runs.append(("infermux", kind, args.frontends[0]))
-        else:
-            runs.extend((f"infermux-f{n}", kind, n) for n in args.frontends)
+            runs.append((kind, kind, 1, None))
+            continue
+        for n in args.frontends:
+            for index, buckets in enumerate(variants):
+                label = "infermux"
+                label += f"-f{n}" if len(args.frontends) > 1 else ""
+                label += f"-g{index}" if len(variants) > 1 else ""
+                runs.append((label, kind, n, buckets))
     return runs
+
+
+def graph_variants(text: str) -> list[tuple[int, ...]]:
+    """``--graph-variants``: bucket sets separated by '/', each 'default' (infermux's own rule)
+    or comma-separated batch sizes."""
+    return [
+        () if part.strip() == "default" else tuple(ints(part))
+        for part in text.split("/")
+        if part.strip()
+    ]
 
 
 def graph_bucket_sizes(model_dir: Path) -> list[int] | str:
@@ -568,7 +589,7 @@ def estimate_s(args: argparse.Namespace) -> tuple[float, float]:
     points take 3 to --pa-max-trials measurement intervals each."""
     loadgen = args.warmup + args.window + POINT_OVERHEAD_S
     usual = worst = 0.0
-    for _, kind, _ in server_runs(args):
+    for _, kind, _, _ in server_runs(args):
         protocols = [p for p in args.protocols if p in PROTOCOLS[kind]] or list(PROTOCOLS[kind])
         if args.device != "cuda":
             protocols = [p for p in protocols if p != "pa_grpc_cuda_shm"]
@@ -682,6 +703,13 @@ def parse_args() -> argparse.Namespace:
         type=ints,
         default=[],
         help="CUDA graph buckets as graph_spec (default: infermux's own set)",
+    )
+    p.add_argument(
+        "--graph-variants",
+        type=graph_variants,
+        default=[],
+        help="infermux runs over one export, one per CUDA graph bucket set, '/'-separated: "
+        "'default' or sizes, e.g. default/1,2,4,8,12,16 (labelled infermux-g0, -g1, ...)",
     )
     p.add_argument(
         "--batch-curve",

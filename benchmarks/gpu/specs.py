@@ -77,6 +77,26 @@ def model_spec(name: str, tiny: bool) -> ModelSpec:
     raise ValueError(f"unknown model {name!r}; choose from {', '.join(MODELS)}")
 
 
+def graphs_line(batch_sizes: tuple[int, ...] = ()) -> str:
+    """The config's CUDA graph line: infermux's own buckets, or exactly ``batch_sizes``
+    (``graph_spec``; e.g. the powers of two of infermux before its padding sizes)."""
+    if not batch_sizes:
+        return "optimization { cuda { graphs: true } }\n"
+    spec_text = ", ".join(f"{{ batch_size: {b} }}" for b in batch_sizes)
+    return f"optimization {{ cuda {{ graphs: true graph_spec [ {spec_text} ] }} }}\n"
+
+
+def with_graphs(config_text: str, batch_sizes: tuple[int, ...] = ()) -> str:
+    """``config_text`` (as ``models.config_text`` writes it) with its CUDA graph line
+    replaced: a run's bucket variants share one export."""
+    kept = [
+        line
+        for line in config_text.splitlines(keepends=True)
+        if not line.startswith("optimization {")
+    ]
+    return "".join(kept) + graphs_line(batch_sizes)
+
+
 def reference_inputs(spec: ModelSpec) -> dict[str, npt.NDArray[np.generic]]:
     """One batch-1 request, fixed seed: every client sends it, so every answer can be checked."""
     rng = np.random.default_rng(SEED)

@@ -1,6 +1,7 @@
-"""The GPU benchmark's batch readings (``benchmarks/gpu/readings.py``, ``report_tables.py``):
-executions by batch size over a window from two statistics answers, and what padding them up
-to the CUDA graph buckets costs -- the figure that says whether finer buckets would pay."""
+"""The GPU benchmark's bucket readings and runs (``benchmarks/gpu/``): executions by batch size
+over a window from two statistics answers, what padding them up to the CUDA graph buckets costs
+(the figure that says whether finer buckets would pay), and bucket variants as server runs over
+one export (the A/B that decides it)."""
 
 from __future__ import annotations
 
@@ -98,3 +99,45 @@ def test_the_report_lists_the_common_sizes_and_the_padding() -> None:
     assert "41 executions" in line
     assert "2 x1 (1,500 µs), 34 x30 (10,300 µs), 40 x10 (10,900 µs)" in line
     assert "graph padding 11.2% of the rows run" in line
+
+
+def test_the_report_names_each_runs_graph_buckets() -> None:
+    tables = load("report_tables")
+    entry = {
+        "servers": {
+            "infermux-g0": {"graph_buckets": [1, 2, 4, 8], "points": []},
+            "infermux-g1": {"graph_buckets": [], "points": []},  # eager: nothing to name
+            "litserve": {"points": []},
+        }
+    }
+    assert tables.batches(entry, 256) == ["- infermux-g0: CUDA graph buckets 1, 2, 4, 8."]
+
+
+def test_graph_variants_share_one_export_and_rewrite_only_the_graph_line() -> None:
+    specs = load("specs")
+    text = 'name: "m"\nmax_batch_size: 8\noptimization { cuda { graphs: true } }\n'
+    pinned = specs.with_graphs(text, (1, 4, 8))
+    assert pinned == (
+        'name: "m"\nmax_batch_size: 8\n'
+        "optimization { cuda { graphs: true graph_spec [ "
+        "{ batch_size: 1 }, { batch_size: 4 }, { batch_size: 8 } ] } }\n"
+    )
+    assert specs.with_graphs(pinned, ()) == text  # 'default': infermux's own buckets again
+
+
+def test_server_runs_cross_front_end_counts_with_bucket_variants() -> None:
+    run = load("run")
+    args = run.argparse.Namespace(
+        servers=["infermux", "litserve"],
+        frontends=[4, 8],
+        graph_variants=run.graph_variants("default/1,2,4,8"),
+    )
+    assert run.server_runs(args) == [
+        ("infermux-f4-g0", "infermux", 4, ()),
+        ("infermux-f4-g1", "infermux", 4, (1, 2, 4, 8)),
+        ("infermux-f8-g0", "infermux", 8, ()),
+        ("infermux-f8-g1", "infermux", 8, (1, 2, 4, 8)),
+        ("litserve", "litserve", 1, None),
+    ]
+    args.frontends, args.graph_variants = [12], []
+    assert run.server_runs(args)[0] == ("infermux", "infermux", 12, None)
