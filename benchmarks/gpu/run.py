@@ -285,12 +285,7 @@ class Bench:
         return ""
 
     def point_s(self, protocol: str) -> tuple[float, float]:
-        """(usual, worst) wall seconds of one point."""
-        args = self.args
-        if protocol in perfanalyzer.PROTOCOLS:
-            return perfanalyzer.expected_s(interval_ms(args, protocol), args.pa_max_trials)
-        seconds = args.warmup + args.window + POINT_OVERHEAD_S
-        return seconds, seconds
+        return point_s(self.args, protocol)
 
     def start(self, model: str, name: str, log: Path) -> Server:
         args = self.args
@@ -578,16 +573,17 @@ def interval_ms(args: argparse.Namespace, protocol: str) -> int:
     return int(args.pa_interval_ms)
 
 
-def point_s(args: argparse.Namespace, protocol: str, loadgen: float) -> tuple[float, float]:
+def point_s(args: argparse.Namespace, protocol: str) -> tuple[float, float]:
+    """(usual, worst) wall seconds of one point."""
     if protocol in perfanalyzer.PROTOCOLS:
         return perfanalyzer.expected_s(interval_ms(args, protocol), args.pa_max_trials)
-    return loadgen, loadgen
+    seconds = args.warmup + args.window + POINT_OVERHEAD_S
+    return seconds, seconds
 
 
 def estimate_s(args: argparse.Namespace) -> tuple[float, float]:
     """Rough (usual, worst) wall time of the requested run, printed up front. perf_analyzer
     points take 3 to --pa-max-trials measurement intervals each."""
-    loadgen = args.warmup + args.window + POINT_OVERHEAD_S
     usual = worst = 0.0
     for _, kind, _, _ in server_runs(args):
         protocols = [p for p in args.protocols if p in PROTOCOLS[kind]] or list(PROTOCOLS[kind])
@@ -596,12 +592,12 @@ def estimate_s(args: argparse.Namespace) -> tuple[float, float]:
         usual += SERVER_OVERHEAD_S + args.server_warmup
         worst += SERVER_OVERHEAD_S + args.server_warmup
         for protocol in protocols:
-            low, high = point_s(args, protocol, loadgen)
+            low, high = point_s(args, protocol)
             usual += low * len(args.concurrency)
             worst += high * len(args.concurrency)
         profiled = profile_protocol(args, protocols) if kind == "infermux" else None
         if profiled:
-            low, high = point_s(args, profiled, loadgen)
+            low, high = point_s(args, profiled)
             usual += max(low, args.warmup + args.profile_seconds + 3)
             worst += max(high, args.warmup + args.profile_seconds + 3)
     models = len(args.models)
