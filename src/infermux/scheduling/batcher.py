@@ -12,7 +12,6 @@ instances compute, requests collect, so batches grow with load without a timer l
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import AsyncGenerator, Callable, Sequence
@@ -24,6 +23,7 @@ from infermux.model_config import DynamicBatchingConfig, ModelConfig
 from infermux.observability.statistics import ModelStatistics
 from infermux.observability.tracing import TRACING
 from infermux.scheduling.base import Completion, Finisher, Response
+from infermux.scheduling.deadline import Deadline
 from infermux.scheduling.instances import ExecutionTimeout, InstanceSlot, Reload
 from infermux.scheduling.queue import TIMED_OUT, Pending, RequestQueue
 from infermux.scheduling.response_gaps import ResponseGaps
@@ -75,6 +75,8 @@ class DynamicBatcher:
         self._tail: asyncio.Future[None] | None = None  # last response gate (preserve_ordering)
         self._replaced = replaced
         self._wakeup = asyncio.Event()
+        # Every idle worker waits for the same moment: the oldest request's delay running out.
+        self._due = Deadline(asyncio.get_running_loop(), self._wakeup.set)
         self._closing = False
         self._in_flight = 0
         self._idle = asyncio.Event()
@@ -211,6 +213,7 @@ class DynamicBatcher:
         for worker in self._workers:
             worker.cancel()
         await asyncio.gather(*self._workers, return_exceptions=True)
+        self._due.close()
         if self._gaps is not None:
             await self._gaps.close()
         for slot in self._slots:
@@ -240,10 +243,11 @@ class DynamicBatcher:
                 if batch:
                     return batch
                 continue
-            # Not yet: sleep until a request arrives or the oldest one has waited the delay.
+            # Not yet: sleep until a request arrives or the oldest one has waited the delay
+            # (a timerfd: uvloop's millisecond timers would spin through a sub-ms delay).
             self._wakeup.clear()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._wakeup.wait(), (self._delay_ns - waited) / 1e9)
+            self._due.at(now - waited + self._delay_ns)
+            await self._wakeup.wait()
 
     def _target(self, rows: int, due: bool) -> int:
         """How many rows to take now (0: keep waiting)."""

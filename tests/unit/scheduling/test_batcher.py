@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Sequence
 
 import numpy as np
@@ -364,3 +365,35 @@ async def test_closing_a_stream_early_drops_the_models_later_responses() -> None
     await stream.aclose()  # the reader is gone; the model's sender is released, not blocked
     assert batcher.pending == 0
     await batcher.close()
+
+
+def test_waiting_out_a_sub_millisecond_queue_delay_does_not_spin_the_loop() -> None:
+    # uvloop rounds timers to whole milliseconds, a 400 µs one down to "now": the worker that
+    # waited for the rest of the delay with wait_for looped ~40 times per request, burning the
+    # executor's CPU for the whole delay (500 µs of CPU per request at c=1 on the H200).
+    import uvloop
+
+    from infermux.scheduling.queue import RequestQueue
+
+    looks = 0
+    oldest_ns = RequestQueue.oldest_ns
+
+    def counted(queue: RequestQueue) -> int:
+        nonlocal looks
+        looks += 1
+        return oldest_ns(queue)
+
+    async def main() -> None:
+        batching = DynamicBatchingConfig(max_queue_delay_microseconds=400)
+        batcher = batcher_of([Recorder()], 8, batching=batching)
+        for i in range(5):
+            started = time.perf_counter_ns()
+            assert value_of(await batcher.submit(request(i))) == 2 * i
+            assert time.perf_counter_ns() - started >= 400_000  # it did wait the delay
+        await batcher.close()
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(RequestQueue, "oldest_ns", counted)
+        uvloop.run(main())
+    # Per request: one look (not due: arm the timer), one when it fires (due). A spare each.
+    assert looks <= 5 * 3, looks
