@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 
 from infermux.backends.base import ModelRequest
 from infermux.backends.responses import ResponseStream
+from infermux.scheduling.deadline import Deadline
 
 Expire = Callable[[ModelRequest], None]
 """Ends one stalled request whose batch's ``execute`` has returned (the slot's message)."""
@@ -102,6 +103,16 @@ class ResponseGaps:
         return batch
 
     async def _run(self) -> None:
+        # A timerfd, not asyncio.sleep: uvloop would spin through the last 0.5 ms before each
+        # deadline (scheduling/deadline.py).
+        woken = asyncio.Event()
+        deadline = Deadline(asyncio.get_running_loop(), woken.set)
+        try:
+            await self._watch(woken, deadline)
+        finally:
+            deadline.close()
+
+    async def _watch(self, woken: asyncio.Event, deadline: Deadline) -> None:
         while self._batches:
             now = time.perf_counter_ns()
             held = self._held(now)
@@ -114,7 +125,9 @@ class ResponseGaps:
                     earliest = due if earliest is None else min(earliest, due)
             self._batches = still  # batches watched while this task sleeps are added to it
             if earliest is not None:
-                await asyncio.sleep(max(0, earliest - now) / 1e9)
+                woken.clear()
+                deadline.at(earliest)
+                await woken.wait()
 
     def _held(self, now: int) -> int:
         for batch in self._batches:

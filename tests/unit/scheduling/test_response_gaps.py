@@ -8,6 +8,7 @@ import time
 from collections.abc import Sequence
 
 import numpy as np
+import pytest
 
 from infermux.backends.base import BackendInstance, ExecuteResult, ModelRequest
 from infermux.model_config import DynamicBatchingConfig
@@ -198,3 +199,34 @@ async def test_without_a_timeout_nothing_is_watched() -> None:
     assert values([part]) == [1]
     assert values([p async for p in stream]) == [2]
     await batcher.close()
+
+
+def test_the_watcher_sleeps_to_a_sub_millisecond_deadline_without_spinning() -> None:
+    # With asyncio.sleep, uvloop ran a wait under 0.5 ms at once: the watcher looped up to the
+    # deadline (the last half millisecond before every gap deadline).
+    import uvloop
+
+    from infermux.backends.responses import ResponseStream
+    from infermux.scheduling.response_gaps import ResponseGaps, WatchedBatch
+
+    looks = 0
+    check = WatchedBatch.check
+
+    def counted(batch: WatchedBatch, now: int, held: int, timeout: int) -> int | None:
+        nonlocal looks
+        looks += 1
+        return check(batch, now, held, timeout)
+
+    async def main() -> None:
+        gaps = ResponseGaps(0.0004)
+        stalled = request(1)
+        stalled.responses = ResponseStream()
+        stalled.responses.begin()
+        watched = gaps.watch([stalled], lambda _: None)
+        await asyncio.wait_for(watched.stalled, 5)  # execute never returned: the batch stalls
+        await gaps.close()
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(WatchedBatch, "check", counted)
+        uvloop.run(main())
+    assert looks <= 3, looks
