@@ -115,9 +115,13 @@ class ModelRequest:
     @property
     def batch_size(self) -> int:
         """Rows in the batch dimension (1 for non-batching models)."""
-        shapes = [a.shape for a in self.inputs.values()]
-        shapes += [a.shape for a in self.device_inputs.values()]
-        return int(shapes[0][0]) if shapes and shapes[0] else 1
+        # The first input's (host inputs first): read on every request's way through the
+        # batcher and statistics, so without building lists.
+        for array in self.inputs.values():
+            return int(array.shape[0]) if array.shape else 1
+        for parts in self.device_inputs.values():
+            return int(parts.shape[0]) if parts.shape else 1
+        return 1
 
 
 class Model(Protocol):

@@ -74,6 +74,7 @@ class Deadline:
         self._fd = -1
         self._closer: weakref.finalize[[int], Deadline] | None = None
         self._spec = _Itimerspec()
+        self._armed_ns: int | None = None  # the time the timerfd is set for (None: not set)
         if _TIMERFD is not None:
             fd = _TIMERFD[0](_CLOCK_MONOTONIC, _TFD_NONBLOCK | _TFD_CLOEXEC)
             if fd >= 0:
@@ -90,6 +91,8 @@ class Deadline:
     def at(self, when_ns: int) -> None:
         """Call back at ``when_ns`` on :func:`time.perf_counter_ns`'s clock (at once, on the
         loop's next iteration, when it has passed)."""
+        if when_ns == self._armed_ns:  # every idle worker asks for the same time: armed already
+            return
         left = when_ns - time.perf_counter_ns()
         if self._fd < 0:
             if self._handle is not None:
@@ -103,8 +106,10 @@ class Deadline:
         value.tv_sec, value.tv_nsec = divmod(left, 1_000_000_000)
         if _TIMERFD[1](self._fd, 0, ctypes.byref(self._spec), None) != 0:  # type: ignore[index]
             raise OSError(ctypes.get_errno(), "timerfd_settime failed")
+        self._armed_ns = when_ns
 
     def cancel(self) -> None:
+        self._armed_ns = None
         if self._fd < 0:
             if self._handle is not None:
                 self._handle.cancel()
@@ -126,4 +131,5 @@ class Deadline:
     def _expired(self) -> None:
         with contextlib.suppress(BlockingIOError):  # re-armed or cancelled since: not expired
             os.read(self._fd, 8)
+            self._armed_ns = None
             self._callback()

@@ -94,3 +94,25 @@ async def test_without_a_timerfd_it_waits_whole_milliseconds_never_less(
     at = await _fired_after(start + 300_000, timer, fired)
     assert at - start >= 300_000
     timer.close()
+
+
+async def test_the_same_time_twice_fires_once_and_can_be_set_again_once_it_fired() -> None:
+    calls: list[int] = []
+    fired = asyncio.Event()
+
+    def call() -> None:
+        calls.append(time.perf_counter_ns())
+        fired.set()
+
+    timer = Deadline(asyncio.get_running_loop(), call)
+    when = time.perf_counter_ns() + 2_000_000
+    timer.at(when)
+    timer.at(when)  # every idle worker of a batcher asks for the oldest request's time
+    await asyncio.wait_for(fired.wait(), 5)
+    await asyncio.sleep(0.01)
+    assert len(calls) == 1
+    fired.clear()
+    timer.at(when)  # passed, and no longer set: it fires again
+    await asyncio.wait_for(fired.wait(), 5)
+    assert len(calls) == 2
+    timer.close()
