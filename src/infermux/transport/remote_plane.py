@@ -5,11 +5,11 @@ With one executor (the default) every operation goes straight to it. With severa
 instances of its own devices, so a model may be hosted by one executor or by several:
 
 - **inference** goes to an executor that hosts the model, the one with the fewest requests
-  in flight from this front end; which executors host what is read from their repository
-  indexes when first needed and again whenever it may have changed (an attach or detach, a
-  load or unload through this front end, a model it has not heard of, an executor answering
-  that it no longer hosts the model, which is then retried once elsewhere: that executor ran
-  nothing);
+  in flight from this front end (``hosts.py``); which executors host what is read from their
+  repository indexes when first needed and again whenever it may have changed (an attach or
+  detach, a load or unload through this front end, a model it has not heard of, an executor
+  answering that it no longer hosts the model, which is then retried once elsewhere: that
+  executor ran nothing);
 - **statistics** and the **repository index** are merged over every executor (counts and
   durations summed per model version, the most-ready state of each version);
 - **load / unload**, **traffic policy** changes and **shared-memory registration** go to every
@@ -28,11 +28,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
-from infermux.errors import ErrorCode, FailureReason, InfermuxError, UnavailableError
+from infermux.errors import ErrorCode, FailureReason, InfermuxError
 from infermux.ipc import ChannelSpec
 from infermux.model_config import ModelConfig
 from infermux.observability.logs import checked_log_changes, log_settings, update_log_settings
@@ -50,14 +49,13 @@ from infermux.types import (
 )
 
 from .executor_client import RemoteExecutor
+from .hosts import Hosts
 from .merging import merge_index, merge_statistics
 
 T = TypeVar("T")
 
 REJECTED, BACKEND = FailureReason.REJECTED, FailureReason.BACKEND
 _RETRIED = (ErrorCode.NOT_FOUND, ErrorCode.UNAVAILABLE)
-_STALE_S = 1.0
-"""How old the host map may be before a model missing from it makes it be asked for again."""
 
 
 class RemoteDataPlane:
@@ -71,12 +69,7 @@ class RemoteDataPlane:
         self._executors = [
             RemoteExecutor(metadata, ready_timeout_s=ready_timeout_s) for _ in range(executors)
         ]
-        self._hosts: dict[str, list[RemoteExecutor]] = {}
-        self._stale = True
-        self._learning: asyncio.Future[dict[str, list[RemoteExecutor]]] | None = None
-        self._learned_at = 0.0
-        self._turn = 0
-        self._busy: dict[RemoteExecutor, int] = {}
+        self._hosts = Hosts(self._executors)
         self._shutting_down = False
 
     # -- channels ---------------------------------------------------------------------------------
@@ -88,12 +81,12 @@ class RemoteDataPlane:
     def attach(self, spec: ChannelSpec, executor: int = 0) -> None:
         """Forward to executor ``executor`` over the channel ``spec`` (replacing its previous)."""
         self._executors[executor].attach(spec)
-        self._forget_hosts()
+        self._hosts.forget()
         if len(self._executors) > 1:
             # Learn who hosts what now, not at the first request: should an executor die
             # before any request came, its models are still known to be its (503, not 404).
             with contextlib.suppress(RuntimeError):  # no running loop (tests attach outside one)
-                asyncio.get_running_loop().call_soon(self._learn_soon)
+                asyncio.get_running_loop().call_soon(self._hosts.learn_soon)
 
     def detach(self, why: str, channel: str = "") -> None:
         """Stop using the executor on ``channel`` (every executor when ""): its requests in
@@ -101,71 +94,12 @@ class RemoteDataPlane:
         for executor in self._executors:
             if not channel or executor.channel == channel:
                 executor.detach(why)
-        self._forget_hosts()
+        self._hosts.forget()
 
     def begin_shutdown(self) -> None:
         self._shutting_down = True
         for executor in self._executors:
             executor.begin_shutdown()
-
-    # -- who hosts what ---------------------------------------------------------------------------
-
-    def _learn_soon(self) -> None:
-        task = asyncio.ensure_future(self._hosts_of(""))
-        task.add_done_callback(lambda t: t.cancelled() or t.exception())  # errors: next time
-
-    def _forget_hosts(self) -> None:
-        self._stale = True
-        self._learning = None
-
-    async def _learn_hosts(self) -> dict[str, list[RemoteExecutor]]:
-        """Who serves what, from the attached executors' indexes. A detached executor keeps
-        the models it had: requests for a model only it serves then get its 503 (it is
-        restarting), not another executor's "unknown model"."""
-        previous = self._hosts
-        attached = [e for e in self._executors if e.attached]
-        indexes = await asyncio.gather(
-            *(e.repository_index(ready_only=True) for e in attached), return_exceptions=True
-        )
-        served = dict(zip(attached, indexes, strict=True))
-        hosts: dict[str, list[RemoteExecutor]] = {}
-        for executor in self._executors:
-            index = served.get(executor)
-            if index is None or isinstance(index, BaseException):
-                names = [n for n, held in previous.items() if executor in held]
-            else:
-                names = list(dict.fromkeys(row.name for row in index))
-            for name in names:
-                hosts.setdefault(name, []).append(executor)
-        return hosts
-
-    async def _hosts_of(self, name: str, *, refresh: bool = False) -> list[RemoteExecutor]:
-        """Executors serving ``name``. The map is asked for again when forced, when it was
-        forgotten, or when ``name`` is not in it and it is older than :data:`_STALE_S` (a model
-        that appeared in poll mode); requests that miss together share one asking."""
-        now = time.monotonic()
-        old = now - self._learned_at > _STALE_S
-        must = self._stale or refresh or (name not in self._hosts and old)
-        if must and (self._learning is None or self._learning.done()):
-            self._learning = asyncio.ensure_future(self._learn_hosts())
-            self._learned_at = now
-            self._stale = False
-        learning = self._learning
-        if learning is not None and (must or not learning.done()):  # wait for the news
-            hosts = await learning
-            if self._learning is learning:  # not forgotten meanwhile
-                self._hosts = hosts
-        return self._hosts.get(name, [])
-
-    def _fallback(self) -> RemoteExecutor:
-        """Where a request for a model nobody serves goes, for that executor's own error
-        (unknown model, still loading, not ready: the same answer as with one executor)."""
-        return next((e for e in self._executors if e.attached), self._executors[0])
-
-    async def _host(self, name: str) -> RemoteExecutor:
-        """One executor serving ``name``, an attached one if any is."""
-        hosts = await self._hosts_of(name)
-        return next((e for e in hosts if e.attached), hosts[0]) if hosts else self._fallback()
 
     # -- inference --------------------------------------------------------------------------------
 
@@ -175,7 +109,7 @@ class RemoteDataPlane:
                 async for response in only:
                     yield response
             return
-        chosen = self._least_busy(await self._hosts_of(request.model_name)) or self._fallback()
+        chosen = await self._hosts.least_busy_of(request.model_name)
         sent = False
         try:
             async with contextlib.aclosing(self._streamed(chosen, request)) as responses:
@@ -187,7 +121,7 @@ class RemoteDataPlane:
             if sent or not _retried(exc):  # once a response left, the stream is the client's
                 raise
             retry = exc
-        other = await self._other_host(request, chosen, retry)
+        other = await self._hosts.other(request.model_name, chosen, retry)
         async with contextlib.aclosing(self._streamed(other, request)) as responses:
             async for response in responses:
                 yield response
@@ -195,66 +129,25 @@ class RemoteDataPlane:
     async def _streamed(
         self, executor: RemoteExecutor, request: InferRequest
     ) -> AsyncGenerator[InferResponse]:
-        self._busy[executor] = self._busy.get(executor, 0) + 1  # for as long as it streams
-        try:
+        with self._hosts.sending(executor):  # for as long as it streams
             async with contextlib.aclosing(executor.infer_stream(request)) as responses:
                 async for response in responses:
                     yield response
-        finally:
-            self._busy[executor] -= 1
 
     async def infer(self, request: InferRequest) -> InferResponse:
         if len(self._executors) == 1:
             return await self._executors[0].infer(request)
-        hosts = await self._hosts_of(request.model_name)
-        chosen = self._least_busy(hosts) or self._fallback()
+        chosen = await self._hosts.least_busy_of(request.model_name)
         try:
-            return await self._send(chosen, request)
+            with self._hosts.sending(chosen):
+                return await chosen.infer(request)
         except InfermuxError as exc:
             if not _retried(exc):
                 raise
             retry = exc
-        return await self._send(await self._other_host(request, chosen, retry), request)
-
-    async def _other_host(
-        self, request: InferRequest, chosen: RemoteExecutor, retry: InfermuxError
-    ) -> RemoteExecutor:
-        """Where a request that ``chosen`` failed with ``retry`` (nothing ran) is sent again;
-        raises when there is none."""
-        # Who was away when it failed: one that re-attaches while the map is asked for again
-        # may be missing from the answer (asked before it was back), yet it may host the model.
-        away = [e for e in self._executors if not e.attached]
-        hosts = await self._hosts_of(request.model_name, refresh=True)
-        other = self._least_busy([e for e in hosts if e is not chosen and e.attached])
-        if other is not None:
-            return other
-        down = away or [e for e in self._executors if not e.attached]
-        if retry.code is ErrorCode.NOT_FOUND and down:
-            # Nobody here knows the model, but an executor that may host it is restarting.
-            raise UnavailableError(
-                f"model '{request.model_name}' is not served now: {down[0].why_detached}"
-            ) from retry
-        raise retry
-
-    def _least_busy(self, hosts: list[RemoteExecutor]) -> RemoteExecutor | None:
-        """The attached host with the fewest of this front end's requests in flight, ties
-        taken in turn (a detached one only when no host is attached: its answer is the 503
-        saying why)."""
-        live = [e for e in hosts if e.attached] or hosts
-        if not live:
-            return None
-        self._turn += 1
-        start = self._turn % len(live)
-        return min(live[start:] + live[:start], key=lambda e: self._busy.get(e, 0))
-
-    async def _send(self, executor: RemoteExecutor, request: InferRequest) -> InferResponse:
-        # Counted from the choice on (the executor's own count starts only once the tensors
-        # are in its arena, too late for requests choosing at the same moment).
-        self._busy[executor] = self._busy.get(executor, 0) + 1
-        try:
-            return await executor.infer(request)
-        finally:
-            self._busy[executor] -= 1
+        other = await self._hosts.other(request.model_name, chosen, retry)
+        with self._hosts.sending(other):
+            return await other.infer(request)
 
     # -- merged reads -----------------------------------------------------------------------------
 
@@ -275,19 +168,20 @@ class RemoteDataPlane:
     async def model_ready(self, name: str, version: str = "") -> bool:
         if len(self._executors) == 1:
             return await self._executors[0].model_ready(name, version)
-        hosts = await self._hosts_of(name)
+        hosts = await self._hosts.of(name)
         return any(await asyncio.gather(*(e.model_ready(name, version) for e in hosts)))
 
     async def model_metadata(self, name: str, version: str = "") -> ModelMetadata:
-        return await (await self._host(name)).model_metadata(name, version)
+        return await (await self._hosts.one(name)).model_metadata(name, version)
 
     async def model_config(self, name: str, version: str = "") -> ModelConfig:
-        return await (await self._host(name)).model_config(name, version)
+        return await (await self._hosts.one(name)).model_config(name, version)
 
     async def model_statistics(self, name: str = "", version: str = "") -> list[ModelStats]:
         if len(self._executors) == 1:
             return await self._executors[0].model_statistics(name, version)
-        executors = (await self._hosts_of(name) if name else self._attached()) or [self._fallback()]
+        hosts = await self._hosts.of(name) if name else self._attached()
+        executors = hosts or [self._hosts.fallback()]
         results = await asyncio.gather(
             *(e.model_statistics(name, version) for e in executors), return_exceptions=True
         )
@@ -304,13 +198,13 @@ class RemoteDataPlane:
         return merge_index(parts)
 
     async def traffic(self, name: str) -> TrafficReport:
-        return await (await self._host(name)).traffic(name)
+        return await (await self._hosts.one(name)).traffic(name)
 
     async def shm_status(self, name: str = "") -> list[SharedMemoryRegion]:
-        return await self._fallback().shm_status(name)
+        return await self._hosts.fallback().shm_status(name)
 
     async def cuda_shm_status(self, name: str = "") -> list[CudaSharedMemoryRegion]:
-        return await self._fallback().cuda_shm_status(name)
+        return await self._hosts.fallback().cuda_shm_status(name)
 
     # -- changes, on every executor ---------------------------------------------------------------
 
@@ -332,16 +226,16 @@ class RemoteDataPlane:
                 lambda e: e.load_model(name, config_override=config_override, files=files)
             )
         finally:
-            self._forget_hosts()
+            self._hosts.forget()
 
     async def unload_model(self, name: str) -> None:
         try:
             await self._everywhere(lambda e: e.unload_model(name))
         finally:
-            self._forget_hosts()
+            self._hosts.forget()
 
     async def _on_hosts(self, name: str, call: Callable[[RemoteExecutor], Awaitable[None]]) -> None:
-        await _gather(await self._hosts_of(name) or [self._fallback()], call)
+        await _gather(await self._hosts.of(name) or [self._hosts.fallback()], call)
 
     async def set_traffic(self, name: str, policy: str | None) -> None:
         await self._on_hosts(name, lambda e: e.set_traffic(name, policy))
@@ -387,8 +281,8 @@ class RemoteDataPlane:
         is the first one's. A restarted executor gets them back (``processes/desired.py``)."""
         if changes:
             checked_trace_changes(changes)
-        hosts = await self._hosts_of(model) if model else self._attached()
-        executors = hosts or [self._fallback()]
+        hosts = await self._hosts.of(model) if model else self._attached()
+        executors = hosts or [self._hosts.fallback()]
         if not changes:
             executors = executors[:1]
         answers = await _gather(executors, lambda e: e.trace_settings(model, changes))

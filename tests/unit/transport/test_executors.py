@@ -264,7 +264,7 @@ async def test_a_model_of_an_executor_back_during_the_retry_is_unavailable_not_u
     await asyncio.sleep(0.05)  # the host learning that attaching started is over
     zero = two.executors[0]
     two.remote.detach("executor-0 exited", zero.channel.spec.id)
-    two.remote._hosts.clear()  # not learnt before executor 0 went away
+    two.remote._hosts._hosts.clear()  # not learnt before executor 0 went away
     one = two.remote._executors[1]
     real_index = one.repository_index
     asked = 0

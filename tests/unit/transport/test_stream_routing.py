@@ -11,6 +11,7 @@ import pytest
 
 from infermux.errors import InfermuxError, InvalidArgumentError, UnavailableError
 from infermux.transport.executor_client import RemoteExecutor
+from infermux.transport.hosts import Hosts
 from infermux.transport.remote_plane import RemoteDataPlane
 from infermux.types import InferRequest, InferResponse, RepositoryIndexEntry, ServerMetadata
 
@@ -46,6 +47,7 @@ class Stub:
 def plane(*stubs: Stub) -> RemoteDataPlane:
     remote = RemoteDataPlane(ServerMetadata("infermux", "test", ()), executors=len(stubs))
     remote._executors = cast(list[RemoteExecutor], list(stubs))
+    remote._hosts = Hosts(remote._executors)
     return remote
 
 
@@ -76,7 +78,7 @@ async def test_concurrent_streams_go_to_the_least_busy_executor() -> None:
     await first.aclose()  # type: ignore[attr-defined]
     await second.aclose()  # type: ignore[attr-defined]
     assert (a.closed, b.closed) == (1, 1)  # closing the stream closes the executor's
-    assert remote._busy == {a: 0, b: 0}  # type: ignore[comparison-overlap]
+    assert remote._hosts._busy == {a: 0, b: 0}  # type: ignore[comparison-overlap]
 
 
 async def test_a_stream_that_failed_before_any_response_is_sent_elsewhere() -> None:
@@ -91,7 +93,7 @@ async def test_a_stream_that_failed_before_any_response_is_sent_elsewhere() -> N
 async def test_a_stream_that_failed_after_a_response_is_not_retried() -> None:
     half = Stub("half", sends=1, error=UnavailableError("the executor exited"))
     remote = plane(half, Stub("other", sends=0, error=UnavailableError("no")))
-    remote._turn = -1  # ties go to the first executor: ``half``
+    remote._hosts._turn = -1  # ties go to the first executor: ``half``
     got: list[InferResponse] = []
     with pytest.raises(InfermuxError, match="the executor exited"):
         await read(remote, got)
