@@ -2,14 +2,14 @@
 
 A (re)load builds the new versions completely beside the old ones and then swaps them in with one
 assignment, so requests never see a half-loaded model; replaced versions drain what they admitted
-before their instances are closed.
+before their instances are closed (``versions.py`` does both; this module holds the models'
+entries, their locks, what clients asked for and the index).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
@@ -24,16 +24,13 @@ from infermux.errors import (
     UnavailableError,
     UnsupportedError,
 )
-from infermux.model_config import ModelConfig
-from infermux.repository.config_file import load_model_config
-from infermux.repository.layout import Fingerprint, discover_models, fingerprint, list_versions
-from infermux.repository.loader import LoadedModel, build_version, check_config_paths, retire
+from infermux.repository.layout import Fingerprint, discover_models
+from infermux.repository.loader import LoadedModel, retire
 from infermux.repository.overrides import discard, materialize
-from infermux.repository.placement import ONLY, Shard, placements
+from infermux.repository.placement import ONLY, Shard
 from infermux.repository.polling import poll_forever, poll_once
 from infermux.repository.state import ControlMode, Entry, LoadObserver, Quiet, State
-from infermux.routing.policy import CONFIG_PARAMETER as TRAFFIC_PARAMETER
-from infermux.routing.policy import parse_policy
+from infermux.repository.versions import VersionLoader
 from infermux.types import RepositoryIndexEntry
 
 logger = logging.getLogger(__name__)
@@ -62,9 +59,6 @@ class ModelRepository:
         server: ServerCalls | None = None,
     ) -> None:
         self._shard = shard  # with several executors: which instances this one holds
-        self._observer: LoadObserver = observer or Quiet()
-        self._histograms = histograms  # metrics on: each version keeps latency histograms
-        self._execution_timeout_ms = execution_timeout_ms  # models' default (0: none)
         self.server = server or ServerCalls()
         """How models call the server they run in (BLS): the data plane attaches its ``infer``."""
         self._repositories = list(repositories)
@@ -75,8 +69,16 @@ class ModelRepository:
         self._entries: dict[str, Entry] = {}
         self._limit = asyncio.Semaphore(load_concurrency)
         self._exit_on_error = exit_on_error  # a failed start-up load fails start()
-        # Backends may complete configs from the model (off: --disable-auto-complete-config).
-        self._complete = registry.complete_config if auto_complete else None
+        self._versions = VersionLoader(
+            registry,
+            shard=shard,
+            observer=observer or Quiet(),
+            histograms=histograms,
+            execution_timeout_ms=execution_timeout_ms,
+            # Backends may complete configs from the model (off: --disable-auto-complete-config).
+            complete=registry.complete_config if auto_complete else None,
+            server=self.server,
+        )
         self._poller: asyncio.Task[None] | None = None
 
     @property
@@ -325,13 +327,13 @@ class ModelRepository:
                 try:
                     override = await asyncio.to_thread(materialize, name, files)
                 except InfermuxError as exc:  # a bad path: refused before anything was written
-                    self._failed(entry, name, exc)
+                    self._versions.failed(entry, name, exc)
                     raise
                 path = override
             else:
                 assert entry.source is not None
                 path = entry.source.path
-            carried, loaded = await self._load_from(entry, name, path, config_override)
+            carried, loaded = await self._versions.load_from(entry, name, path, config_override)
         except BaseException:
             discard(override)  # nothing reads these files
             raise
@@ -342,112 +344,6 @@ class ModelRepository:
             entry.overrides.append(override)
         for stale in [d for d in [*old, override] if d is not None and d not in entry.overrides]:
             discard(stale)
-
-    def _failed(self, entry: Entry, name: str, exc: InfermuxError) -> None:
-        logger.error("failed to load model '%s': %s", name, exc)
-        entry.load_failures += 1
-        if not entry.serving:
-            entry.model_error = str(exc)
-
-    async def _load_from(
-        self, entry: Entry, name: str, path: Path, config_override: str | None
-    ) -> tuple[bool, bool]:
-        """Load ``name``'s versions from ``path``; whether an old instance was kept serving
-        (its reload failed) and whether a version from ``path`` serves."""
-        entry.fingerprint = await asyncio.to_thread(fingerprint, path)
-        try:
-            config = await asyncio.to_thread(
-                load_model_config,
-                path,
-                config_override,
-                self._complete,
-                name=name,
-            )
-            self._registry.get(config)  # an unknown platform or backend fails the whole load
-            policy = config.parameters.get(TRAFFIC_PARAMETER)
-            if policy is not None:
-                parse_policy(policy)  # a bad policy fails the load, naming the field
-            versions = config.version_policy.select(await asyncio.to_thread(list_versions, path))
-            if not versions:
-                raise ModelLoadError(
-                    f"model '{name}': no version directory matches the version policy in {path}"
-                )
-            await asyncio.to_thread(check_config_paths, config, path, versions)
-        except InfermuxError as exc:
-            self._failed(entry, name, exc)
-            raise
-        entry.hosted = bool(placements(config, self._shard))
-        if not entry.hosted:  # every instance belongs to another executor
-            logger.info("model '%s': hosted by other executors", name)
-            dropped, entry.serving, entry.states, entry.model_error = entry.serving, {}, {}, ""
-            await retire(list(dropped.values()))
-            return False, False
-
-        for version in versions:
-            if version not in entry.serving:
-                entry.states[version] = (State.LOADING, "")
-        results = await asyncio.gather(*(self._load_version(config, path, v) for v in versions))
-        fresh: dict[int, LoadedModel] = {}
-        errors: list[str] = []
-        for version, result in zip(versions, results, strict=True):
-            if isinstance(result, LoadedModel):
-                fresh[version] = result
-                entry.states[version] = (State.READY, "")
-            else:
-                errors.append(result)
-                entry.load_failures += 1
-                logger.error("failed to load model '%s' version %d: %s", name, version, result)
-                if version in entry.serving:  # keep serving the old instance of this version
-                    fresh[version] = entry.serving[version]
-                    entry.states[version] = (State.READY, f"reload failed: {result}")
-                else:
-                    entry.states[version] = (State.UNAVAILABLE, result)
-        if not fresh:
-            entry.model_error = "; ".join(errors)
-            raise ModelLoadError(entry.model_error)
-        entry.model_error = ""
-        retired = [m for v, m in entry.serving.items() if fresh.get(v) is not m]
-        carried = len(entry.serving) - len(retired)
-        loaded = len(fresh) > carried
-        entry.serving = fresh  # the atomic switch: new requests see only the fresh versions
-        for version in [v for v in entry.states if v not in fresh and v not in versions]:
-            del entry.states[version]
-        await retire(retired)
-        return carried > 0, loaded
-
-    async def _load_version(
-        self, config: ModelConfig, path: Path, version: int
-    ) -> LoadedModel | str:
-        started = time.monotonic()
-        self._observer.started(config.name, version)
-        result = await self._build_version(config, path, version)
-        seconds = time.monotonic() - started
-        error = result if isinstance(result, str) else None
-        self._observer.finished(config.name, version, seconds, error)
-        if isinstance(result, LoadedModel):
-            result.stats.load_seconds = seconds
-            logger.info("loaded model '%s' version %d in %.2f s", config.name, version, seconds)
-        return result
-
-    async def _build_version(
-        self, config: ModelConfig, path: Path, version: int
-    ) -> LoadedModel | str:
-        try:
-            return await build_version(
-                self._registry,
-                config,
-                path,
-                version,
-                histograms=self._histograms,
-                shard=self._shard,
-                execution_timeout_ms=self._execution_timeout_ms,
-                server=self.server,
-            )
-        except InfermuxError as exc:
-            return str(exc)
-        except Exception as exc:
-            logger.exception("model '%s' version %d: unexpected load failure", config.name, version)
-            return f"{type(exc).__name__}: {exc}"
 
     async def _unload(self, name: str) -> None:
         entry = self._entries.get(name)
