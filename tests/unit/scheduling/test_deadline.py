@@ -13,6 +13,18 @@ from infermux.scheduling import deadline as deadline_module
 from infermux.scheduling.deadline import Deadline
 
 
+class Calls:
+    """A deadline's callback: when it was called, and an event set each time."""
+
+    def __init__(self) -> None:
+        self.times: list[int] = []
+        self.fired = asyncio.Event()
+
+    def __call__(self) -> None:
+        self.times.append(time.perf_counter_ns())
+        self.fired.set()
+
+
 async def _fired_after(when_ns: int, timer: Deadline, fired: asyncio.Event) -> int:
     timer.at(when_ns)
     await asyncio.wait_for(fired.wait(), 5)
@@ -37,25 +49,19 @@ def test_fires_at_a_sub_millisecond_deadline_not_before_it() -> None:
 
 def test_rearming_replaces_the_deadline_and_cancel_stops_it() -> None:
     async def main() -> None:
-        calls: list[int] = []
-        fired = asyncio.Event()
-
-        def call() -> None:
-            calls.append(time.perf_counter_ns())
-            fired.set()
-
-        timer = Deadline(asyncio.get_running_loop(), call)
+        calls = Calls()
+        timer = Deadline(asyncio.get_running_loop(), calls)
         now = time.perf_counter_ns()
         timer.at(now + 1_000_000)
         timer.at(now + 30_000_000)  # replaces the 1 ms one
-        await asyncio.wait_for(fired.wait(), 5)
-        assert calls[0] - now >= 30_000_000
+        await asyncio.wait_for(calls.fired.wait(), 5)
+        assert calls.times[0] - now >= 30_000_000
         await asyncio.sleep(0.02)
-        assert len(calls) == 1
+        assert len(calls.times) == 1
         timer.at(time.perf_counter_ns() + 2_000_000)
         timer.cancel()
         await asyncio.sleep(0.02)
-        assert len(calls) == 1
+        assert len(calls.times) == 1
         timer.close()
 
     uvloop.run(main())
@@ -97,22 +103,16 @@ async def test_without_a_timerfd_it_waits_whole_milliseconds_never_less(
 
 
 async def test_the_same_time_twice_fires_once_and_can_be_set_again_once_it_fired() -> None:
-    calls: list[int] = []
-    fired = asyncio.Event()
-
-    def call() -> None:
-        calls.append(time.perf_counter_ns())
-        fired.set()
-
-    timer = Deadline(asyncio.get_running_loop(), call)
+    calls = Calls()
+    timer = Deadline(asyncio.get_running_loop(), calls)
     when = time.perf_counter_ns() + 2_000_000
     timer.at(when)
     timer.at(when)  # every idle worker of a batcher asks for the oldest request's time
-    await asyncio.wait_for(fired.wait(), 5)
+    await asyncio.wait_for(calls.fired.wait(), 5)
     await asyncio.sleep(0.01)
-    assert len(calls) == 1
-    fired.clear()
+    assert len(calls.times) == 1
+    calls.fired.clear()
     timer.at(when)  # passed, and no longer set: it fires again
-    await asyncio.wait_for(fired.wait(), 5)
-    assert len(calls) == 2
+    await asyncio.wait_for(calls.fired.wait(), 5)
+    assert len(calls.times) == 2
     timer.close()
