@@ -29,17 +29,19 @@ def succeeded(
     (``--log-verbose 2``), a line per request. ``first``: this answer is also the request's
     first response (False for a decoupled model's, counted as they come)."""
     elapsed = time.perf_counter_ns() - started
-    for count in rows:
-        if first:
-            model.stats.record_first_response(elapsed)
-        model.stats.record_success(
-            batch_size=count,
-            request_ns=elapsed,
-            queue_ns=done.queue_ns,
-            input_ns=done.compute_input_ns,
-            infer_ns=done.compute_infer_ns,
-            output_ns=done.compute_output_ns,
-        )
+    # A micro-batch's requests share every figure: recorded once, counted per request.
+    requests = len(rows)
+    if first:
+        model.stats.record_first_response(elapsed, requests)
+    model.stats.record_success(
+        batch_size=sum(rows),
+        request_ns=elapsed,
+        queue_ns=done.queue_ns,
+        input_ns=done.compute_input_ns,
+        infer_ns=done.compute_infer_ns,
+        output_ns=done.compute_output_ns,
+        requests=requests,
+    )
     if log:
         logger.debug(
             "request %r to %s:%d done in %d us",

@@ -48,9 +48,10 @@ class Histogram:
         self.counts = [0] * (len(self.bounds) + 1)
         self.sum = 0
 
-    def observe(self, value: int) -> None:
-        self.counts[bisect.bisect_left(self.bounds, value)] += 1
-        self.sum += value
+    def observe(self, value: int, times: int = 1) -> None:
+        """``value`` seen ``times`` times (the requests of a micro-batch share their figures)."""
+        self.counts[bisect.bisect_left(self.bounds, value)] += times
+        self.sum += value * times
 
     @property
     def count(self) -> int:
@@ -155,32 +156,35 @@ class ModelStatistics:
         input_ns: int,
         infer_ns: int,
         output_ns: int,
+        requests: int = 1,
     ) -> None:
-        """A request that succeeded; its durations count once per request, as in Triton."""
+        """``requests`` requests that succeeded with these same durations (the members of a
+        micro-batch; ``batch_size``: their rows together); the durations count once per
+        request, as in Triton."""
         self._inference_count += batch_size
         self._last_inference_ms = time.time_ns() // 1_000_000
         stats = self._stats
-        stats["success"].add(request_ns)
-        stats["queue"].add(queue_ns)
-        stats["compute_input"].add(input_ns)
-        stats["compute_infer"].add(infer_ns)
-        stats["compute_output"].add(output_ns)
+        stats["success"].add(request_ns * requests, requests)
+        stats["queue"].add(queue_ns * requests, requests)
+        stats["compute_input"].add(input_ns * requests, requests)
+        stats["compute_infer"].add(infer_ns * requests, requests)
+        stats["compute_output"].add(output_ns * requests, requests)
         if self.histograms is not None:
-            self.histograms.request.observe(request_ns)
-            self.histograms.queue.observe(queue_ns)
+            self.histograms.request.observe(request_ns, requests)
+            self.histograms.queue.observe(queue_ns, requests)
 
     def record_failure(self, request_ns: int, reason: FailureReason = FailureReason.OTHER) -> None:
         """A request that reached this model version and failed."""
         self._stats["fail"].add(request_ns)
         self.failures[reason] += 1
 
-    def record_first_response(self, request_ns: int) -> None:
-        """A request's first response left ``request_ns`` after the request arrived (every
+    def record_first_response(self, request_ns: int, requests: int = 1) -> None:
+        """``requests`` requests' first responses left ``request_ns`` after they arrived (every
         model: the only response of a non-decoupled one; only the metrics keep it)."""
         if self.histograms is not None:
-            self.histograms.first_response.observe(request_ns)
+            self.histograms.first_response.observe(request_ns, requests)
             # Triton observes whole milliseconds (its duration divided by 10^6).
-            self.histograms.first_response_ms.observe(request_ns // 1_000_000)
+            self.histograms.first_response_ms.observe(request_ns // 1_000_000, requests)
 
     def record_response(self, index: int, outcome: str, infer_ns: int, output_ns: int) -> None:
         """Response number ``index`` (0: the first) of a request to a decoupled model, as

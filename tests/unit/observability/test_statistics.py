@@ -76,3 +76,24 @@ def test_first_response_is_observed_in_tritons_whole_milliseconds() -> None:
     assert stats.histograms.first_response_ms.sum == 349
     assert stats.histograms.first_response.count == 2
     ModelStatistics("m", 1).record_first_response(1)  # metrics off: nothing to observe
+
+
+def test_a_micro_batch_recorded_at_once_counts_as_its_requests_one_by_one() -> None:
+    # The data plane records a micro-batch's requests in one call (they share every figure).
+    one_by_one = ModelStatistics("m", 1, histograms=True)
+    at_once = ModelStatistics("m", 1, histograms=True)
+    figures = {"request_ns": 2_500_000, "queue_ns": 40, "input_ns": 10, "infer_ns": 90}
+    for rows in (1, 2, 1):
+        one_by_one.record_first_response(2_500_000)
+        one_by_one.record_success(batch_size=rows, output_ns=5, **figures)
+    at_once.record_first_response(2_500_000, 3)
+    at_once.record_success(batch_size=4, output_ns=5, requests=3, **figures)
+    a, b = one_by_one.snapshot(), at_once.snapshot()
+    assert (a.inference_count, a.inference_stats) == (b.inference_count, b.inference_stats)
+    assert a.inference_stats["success"].count == 3
+    first, second = one_by_one.histograms, at_once.histograms
+    assert first is not None
+    assert second is not None
+    for name in ("request", "queue", "first_response", "first_response_ms"):
+        one, other = getattr(first, name), getattr(second, name)
+        assert (one.counts, one.sum) == (other.counts, other.sum), name
