@@ -40,11 +40,10 @@ class _Itimerspec(ctypes.Structure):
 def _libc_timerfd() -> tuple[Callable[..., int], Callable[..., int]] | None:
     """libc's ``timerfd_create`` and ``timerfd_settime`` (None where there are none). Python
     3.13 has them in :mod:`os`; the 3.11 and 3.12 infermux supports do not."""
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return None
     try:
-        libc = ctypes.CDLL(name, use_errno=True)
+        # None: the process's own symbols, libc among them, where no libc file is found by name
+        # (as runtime/driver.py binds it).
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
         create, settime = libc.timerfd_create, libc.timerfd_settime
     except (OSError, AttributeError):
         return None
