@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Issue 24's device steps on one H200 (`nvidia-h200`), carrying .whl with perf_analyzer.tgz
+# (../shared/device.md; device-wheels.sh first, then perf-analyzer-bundle.sh: the first empties
+# .whl). One step or several per call, each within the 10-minute command limit:
+#   bash benchmarks/gpu/issue24_steps.sh tests c1            (~5 min)
+#   bash benchmarks/gpu/issue24_steps.sh resnet50            (~8 min: the full sweep + LitServe)
+#   bash benchmarks/gpu/issue24_steps.sh bert                (~7 min)
+#   bash benchmarks/gpu/issue24_steps.sh buckets bert-cuda   (~8 min)
+# Results land in $OUT/res.tgz (-> benchmarks/results/gpu/issue24/<step>-<commit>/).
+# shellcheck source=../device_setup.sh
+. "$(dirname "$0")/../device_setup.sh"
+# run.py unpacks .whl/perf_analyzer.tgz itself (benchmarks/gpu/perfanalyzer.py).
+RUN="python3 benchmarks/gpu/run.py --frontends 12"
+SWEEP="--protocols pa_grpc_shm,pa_grpc_cuda_shm,pa_grpc,pa_http --concurrency 1,16,64,256
+       --queue-delay-us 500 --pa-http-interval-ms 2000 --profile"
+for STEP in "$@"; do
+  case $STEP in
+    tests) timeout 200 python3 -m pytest -m gpu tests/gpu -q -p no:cacheprovider -rs \
+             >"$R/gpu-tests.log" 2>&1 ;;
+    c1) timeout 280 $RUN --out "$R/c1" --models resnet50 --servers infermux \
+          --protocols pa_grpc_shm,pa_http --concurrency 1 --queue-delay-us 0 \
+          --profile --profile-concurrency 1 --profile-native --deadline 240 >"$R/c1.log" 2>&1 ;;
+    resnet50) timeout 520 $RUN --out "$R/resnet50" --models resnet50 --servers infermux,litserve \
+                $SWEEP --deadline 470 >"$R/resnet50.log" 2>&1 ;;
+    bert) timeout 430 $RUN --out "$R/bert" --models bert --servers infermux,litserve \
+            $SWEEP --deadline 385 >"$R/bert.log" 2>&1 ;;
+    buckets) timeout 340 $RUN --out "$R/buckets" --models resnet50 --servers infermux \
+               --protocols pa_grpc_shm,pa_http --concurrency 256 --queue-delay-us 500 \
+               --pa-http-interval-ms 2000 --deadline 300 \
+               --graph-variants "default/1,2,4,8,$(seq -s, 12 4 128)" >"$R/buckets.log" 2>&1 ;;
+    bert-cuda) timeout 280 $RUN --out "$R/bert-cuda" --models bert --servers infermux \
+                 --protocols pa_grpc_cuda_shm --concurrency 1,256 --queue-delay-us 500 --profile \
+                 --profile-protocol pa_grpc_cuda_shm --profile-native --deadline 240 \
+                 >"$R/bert-cuda.log" 2>&1 ;;
+    *) echo "unknown step $STEP" >&2 ;;
+  esac
+done
+git rev-parse HEAD >"$R/checkout-head.txt" 2>/dev/null
+tar czf "${OUT:-/tmp/out}/res.tgz" -C "$R" .
