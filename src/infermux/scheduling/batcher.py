@@ -234,9 +234,8 @@ class DynamicBatcher:
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 continue
-            now = time.perf_counter_ns()
-            waited = now - queue.oldest_ns()
-            due = self._delay_ns == 0 or waited >= self._delay_ns
+            oldest = queue.oldest_ns()
+            due = self._delay_ns == 0 or time.perf_counter_ns() - oldest >= self._delay_ns
             target = self._target(queue.rows, due)
             if target:
                 batch = queue.take(target, self._compatible)
@@ -246,7 +245,7 @@ class DynamicBatcher:
             # Not yet: sleep until a request arrives or the oldest one has waited the delay
             # (a timerfd: uvloop's millisecond timers would spin through a sub-ms delay).
             self._wakeup.clear()
-            self._due.at(now - waited + self._delay_ns)
+            self._due.at(oldest + self._delay_ns)
             await self._wakeup.wait()
 
     def _target(self, rows: int, due: bool) -> int:

@@ -16,7 +16,6 @@ rounded *up* to whole milliseconds: late, never spinning. ``docs/decisions.md`` 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ctypes
 import ctypes.util
 import os
@@ -128,7 +127,9 @@ class Deadline:
             self._fd = -1
 
     def _expired(self) -> None:
-        with contextlib.suppress(BlockingIOError):  # re-armed or cancelled since: not expired
+        try:
             os.read(self._fd, 8)
-            self._armed_ns = None
-            self._callback()
+        except BlockingIOError:  # re-armed or cancelled since: not expired
+            return
+        self._armed_ns = None
+        self._callback()

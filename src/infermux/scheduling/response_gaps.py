@@ -91,6 +91,10 @@ class ResponseGaps:
         self._batches: list[WatchedBatch] = []
         self._task: asyncio.Task[None] | None = None
         self._held_ns = 0
+        # The watcher sleeps on a timerfd, not asyncio.sleep: uvloop would spin through the last
+        # 0.5 ms before each deadline (scheduling/deadline.py). Made once, on the first watch.
+        self._woken = asyncio.Event()
+        self._deadline: Deadline | None = None
 
     def watch(self, requests: Sequence[ModelRequest], expire: Expire) -> WatchedBatch:
         """Watch a batch about to execute (its streams' clocks were started by ``begin()``)."""
@@ -98,21 +102,13 @@ class ResponseGaps:
         batch = WatchedBatch(requests, expire, loop.create_future())
         self._batches.append(batch)
         if self._task is None or self._task.done():
+            if self._deadline is None:
+                self._deadline = Deadline(loop, self._woken.set)
             # A new batch's deadlines are the latest of all: a sleeping watcher need not wake.
-            self._task = loop.create_task(self._run(), name="response-gaps")
+            self._task = loop.create_task(self._run(self._deadline), name="response-gaps")
         return batch
 
-    async def _run(self) -> None:
-        # A timerfd, not asyncio.sleep: uvloop would spin through the last 0.5 ms before each
-        # deadline (scheduling/deadline.py).
-        woken = asyncio.Event()
-        deadline = Deadline(asyncio.get_running_loop(), woken.set)
-        try:
-            await self._watch(woken, deadline)
-        finally:
-            deadline.close()
-
-    async def _watch(self, woken: asyncio.Event, deadline: Deadline) -> None:
+    async def _run(self, deadline: Deadline) -> None:
         while self._batches:
             now = time.perf_counter_ns()
             held = self._held(now)
@@ -125,9 +121,9 @@ class ResponseGaps:
                     earliest = due if earliest is None else min(earliest, due)
             self._batches = still  # batches watched while this task sleeps are added to it
             if earliest is not None:
-                woken.clear()
+                self._woken.clear()
                 deadline.at(earliest)
-                await woken.wait()
+                await self._woken.wait()
 
     def _held(self, now: int) -> int:
         for batch in self._batches:
@@ -148,3 +144,6 @@ class ResponseGaps:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
+        if self._deadline is not None:
+            self._deadline.close()
+            self._deadline = None

@@ -139,15 +139,16 @@ class RemoteDataPlane:
             return await self._executors[0].infer(request)
         chosen = await self._hosts.least_busy_of(request.model_name)
         try:
-            with self._hosts.sending(chosen):
-                return await chosen.infer(request)
+            return await self._send(chosen, request)
         except InfermuxError as exc:
             if not _retried(exc):
                 raise
             retry = exc
-        other = await self._hosts.other(request.model_name, chosen, retry)
-        with self._hosts.sending(other):
-            return await other.infer(request)
+        return await self._send(await self._hosts.other(request.model_name, chosen, retry), request)
+
+    async def _send(self, executor: RemoteExecutor, request: InferRequest) -> InferResponse:
+        with self._hosts.sending(executor):
+            return await executor.infer(request)
 
     # -- merged reads -----------------------------------------------------------------------------
 
