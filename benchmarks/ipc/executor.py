@@ -37,6 +37,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: benchkit
+from benchkit import proc_cpu_seconds
+
 CONFIG = """name: "lin"
 platform: "pytorch_libtorch"
 max_batch_size: 64
@@ -46,7 +49,6 @@ dynamic_batching { max_queue_delay_microseconds: 500 }
 instance_group [ { count: 2, kind: KIND_CPU } ]
 """
 WARMUP_S = 1.0
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def write_repository(root: Path) -> Path:
@@ -59,12 +61,6 @@ def write_repository(root: Path) -> Path:
     (root / "lin" / "config.pbtxt").write_text(CONFIG)
     model.save(str(root / "lin" / "1" / "model.pt"))
     return root
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of every thread of ``pid`` so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
 # -- the executor (a child process) ---------------------------------------------------------------
@@ -95,6 +91,7 @@ async def _serve(repo: Path, spec: Any, ready: Any, stop: Any) -> None:
     await done.wait()
     await server.close()
     plane.close()
+    await repository.close()
 
 
 # -- one point (the front end, in its own process per point) --------------------------------------
@@ -164,9 +161,9 @@ async def _drive(
     tasks = [asyncio.ensure_future(client()) for _ in range(concurrency)]
     await asyncio.sleep(WARMUP_S)
     start_answered, start_stats = answered, await stats()
-    start, start_cpu, start_own = time.monotonic(), cpu_seconds(pid), time.process_time()
+    start, start_cpu, start_own = time.monotonic(), proc_cpu_seconds(pid), time.process_time()
     await asyncio.sleep(seconds)
-    end_answered, end_cpu, end_own = answered, cpu_seconds(pid), time.process_time()
+    end_answered, end_cpu, end_own = answered, proc_cpu_seconds(pid), time.process_time()
     elapsed = time.monotonic() - start
     end_stats = await stats()
     running = False
