@@ -3,7 +3,8 @@
 Frames are handed to ``on_frames`` as they arrive (the doorbell's fd is watched by the loop, so
 no thread waits); :meth:`Link.send` writes a frame and rings the peer's doorbell, unless the
 frame can wait for the peer's next wake-up. A full ring (the peer stalled) keeps frames in
-order in a backlog retried shortly, never drops them.
+order in a backlog, never drops them: it is retried whenever the peer wakes this side (it took
+frames and answered) and every millisecond otherwise.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ from infermux.types import Tensor, uses_shared_memory
 
 logger = logging.getLogger(__name__)
 
-_RETRY_SECONDS = 0.0002
+_RETRY_SECONDS = 0.001
+"""The backlog's fallback retry. Not shorter: uvloop rounds ``call_later`` to whole milliseconds,
+so anything under half of one ran at once and the loop spun until the peer drained its ring."""
 _SPACE_POLL_SECONDS = 0.001
 
 
@@ -50,6 +53,8 @@ class Link:
         if self.closed:
             return
         self.endpoint.wake.clear()
+        if self._backlog:  # the peer is awake and answering: it has likely made room
+            self._flush_backlog()
         frames = self.endpoint.inbox.take()
         if frames:
             self._on_frames(frames)
@@ -92,7 +97,9 @@ class Link:
             self._retry = self._loop.call_later(_RETRY_SECONDS, self._flush_backlog)
 
     def _flush_backlog(self) -> None:
-        self._retry = None
+        if self._retry is not None:
+            self._retry.cancel()
+            self._retry = None
         if self.closed:
             return
         while self._backlog and self.endpoint.outbox.put(self._backlog[0]):
