@@ -6,6 +6,9 @@
 #   bash benchmarks/gpu/issue24_steps.sh resnet50            (~8 min: the full sweep + LitServe)
 #   bash benchmarks/gpu/issue24_steps.sh bert                (~7 min)
 #   bash benchmarks/gpu/issue24_steps.sh buckets bert-cuda   (~8 min)
+#   bash benchmarks/gpu/issue24_steps.sh ab                  (~2.5 min: ResNet-50 c=256, gRPC +
+#       system / CUDA shm, the tree in ab_base/src (e.g. `git archive OLD src | tar -x -C
+#       ab_base`, untracked so that it travels) then this tree, one after the other)
 # Results land in $OUT/res.tgz (-> benchmarks/results/gpu/issue24/<step>-<commit>/).
 # shellcheck source=../device_setup.sh
 . "$(dirname "$0")/../device_setup.sh"
@@ -32,6 +35,12 @@ for STEP in "$@"; do
                  --protocols pa_grpc_cuda_shm --concurrency 1,256 --queue-delay-us 500 --profile \
                  --profile-protocol pa_grpc_cuda_shm --profile-native --deadline 240 \
                  >"$R/bert-cuda.log" 2>&1 ;;
+    ab) for TREE in base head; do
+          SRC=$PWD/src; [ $TREE = base ] && SRC=$PWD/ab_base/src
+          PYTHONPATH=$SRC:/tmp/site:$PWD timeout 140 $RUN --out "$R/ab-$TREE" --models resnet50 \
+            --servers infermux --protocols pa_grpc_shm,pa_grpc_cuda_shm --concurrency 256 \
+            --queue-delay-us 500 --raw-seconds 1 --deadline 125 >"$R/ab-$TREE.log" 2>&1
+        done ;;
     *) echo "unknown step $STEP" >&2 ;;
   esac
 done
