@@ -6,6 +6,9 @@
 #   bash benchmarks/gpu/issue24_steps.sh resnet50            (~8 min: the full sweep + LitServe)
 #   bash benchmarks/gpu/issue24_steps.sh bert                (~7 min)
 #   bash benchmarks/gpu/issue24_steps.sh buckets bert-cuda   (~8 min)
+#   bash benchmarks/gpu/issue24_steps.sh cprofile            (~3 min: ResNet-50 gRPC + shm at c=1,
+#       delay 0, and at c=256, delay 500, each with a cProfile of the executor's loop thread:
+#       py-spy --native crashed there; benchmarks/gpu/cprofiling.py)
 #   bash benchmarks/gpu/issue24_steps.sh ab                  (~2.5 min: ResNet-50 c=256, gRPC +
 #       system / CUDA shm, the tree in ab_base/src (e.g. `git archive OLD src | tar -x -C
 #       ab_base`, untracked so that it travels) then this tree, one after the other)
@@ -35,6 +38,12 @@ for STEP in "$@"; do
                  --protocols pa_grpc_cuda_shm --concurrency 1,256 --queue-delay-us 500 --profile \
                  --profile-protocol pa_grpc_cuda_shm --profile-native --deadline 240 \
                  >"$R/bert-cuda.log" 2>&1 ;;
+    cprofile) timeout 150 $RUN --out "$R/cprofile-c1" --models resnet50 --servers infermux \
+                --protocols pa_grpc_shm --concurrency 1 --queue-delay-us 0 --profile \
+                --profile-cprofile --profile-concurrency 1 --deadline 130 >"$R/cprofile-c1.log" 2>&1
+              timeout 150 $RUN --out "$R/cprofile-c256" --models resnet50 --servers infermux \
+                --protocols pa_grpc_shm --concurrency 256 --queue-delay-us 500 --profile \
+                --profile-cprofile --deadline 130 >"$R/cprofile-c256.log" 2>&1 ;;
     ab) for TREE in base head; do
           SRC=$PWD/src; [ $TREE = base ] && SRC=$PWD/ab_base/src
           PYTHONPATH=$SRC:/tmp/site:$PWD timeout 140 $RUN --out "$R/ab-$TREE" --models resnet50 \

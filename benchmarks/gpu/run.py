@@ -38,6 +38,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+import cprofiling
 import cpuroles
 import perfanalyzer
 import pyspy
@@ -296,6 +297,9 @@ class Bench:
                 log,
                 frontends=self.frontends[name],
                 executors=args.executors,
+                env=cprofiling.server_env(self.work / "cprofile")
+                if args.profile_cprofile
+                else None,
             )
         spec = model_spec(model, args.tiny)
         return start_peer(
@@ -438,20 +442,31 @@ class Bench:
         handle: dict[str, Any] = {}
         window = Window(self.nvml, server, model, names)
 
+        # The executors' loop threads (the one process in --frontends 1) for --profile-cprofile.
+        profiled = list(server.info.get("executor_pids", [])) or [server.process.pid]
+
         def on_start() -> None:
             window.start()
+            if args.profile_cprofile:
+                cprofiling.start(profiled)
+                return
             handle.update(
                 pyspy.start(
                     server.process.pid, path, args.profile_seconds, native=args.profile_native
                 )
             )
 
+        def on_end() -> None:
+            window.end()
+            if args.profile_cprofile:
+                cprofiling.stop(profiled)
+
         self.clock.log(
             f"{model}/infermux: py-spy {args.profile_seconds:g} s at {protocol} c={conc}"
         )
         if protocol in perfanalyzer.PROTOCOLS:
             result = self.pa_run(
-                model, server, protocol, conc, on_start=on_start, on_end=window.end, tag="-profiled"
+                model, server, protocol, conc, on_start=on_start, on_end=on_end, tag="-profiled"
             )
         else:
             result = run_point(
@@ -461,10 +476,14 @@ class Bench:
                 warmup=args.warmup,
                 window=args.profile_seconds,
                 on_start=on_start,
-                on_end=window.end,
+                on_end=on_end,
             )
         run = {"protocol": protocol, "concurrency": conc, **result, **window.result(baseline)}
         out: dict[str, Any] = {"run": run, "pyspy": pyspy.finish(handle) if handle else {}}
+        if args.profile_cprofile:
+            title = f"{model} infermux {protocol} c={conc}, executor loop threads {profiled}"
+            self.summaries.append(cprofiling.summary(self.work / "cprofile", profiled, title))
+            out["summary"] = PROFILE_SUMMARY
         if path.exists():
             leader = server.process.pid
             executors = set(server.info.get("executor_pids", []))
@@ -744,6 +763,12 @@ def parse_args() -> argparse.Namespace:
         action="store_true",
         help="py-spy --native: C/C++ frames too (time inside CUDA, torch, uvloop, grpc calls); "
         "it pauses each process per sample, so that run's own figures are not comparable",
+    )
+    p.add_argument(
+        "--profile-cprofile",
+        action="store_true",
+        help="instead of py-spy: cProfile the executors' loop threads over the profile run "
+        "(benchmarks/gpu/cprofiling.py), its text in OUT/pyspy_summary.txt",
     )
     p.add_argument("--keep-workdir", action="store_true", help="keep repositories and logs")
     return p.parse_args()

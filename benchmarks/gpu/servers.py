@@ -47,6 +47,7 @@ def start_infermux(
     *,
     frontends: int = 1,
     executors: int = 1,
+    env: dict[str, str] | None = None,
 ) -> Server:
     command = [
         sys.executable,
@@ -70,7 +71,7 @@ def start_infermux(
         "--executors",
         str(executors),
     ]
-    process = GroupProcess("infermux", command, log, _env())
+    process = GroupProcess("infermux", command, log, {**_env(), **(env or {})})
     server = Server("infermux", process)
     process.start()
 

@@ -141,3 +141,43 @@ def test_server_runs_cross_front_end_counts_with_bucket_variants() -> None:
     ]
     args.frontends, args.graph_variants = [12], []
     assert run.server_runs(args)[0] == ("infermux", "infermux", 12, None)
+
+
+def test_the_cprofile_hook_profiles_a_process_between_the_two_signals(tmp_path: Path) -> None:
+    # run.py --profile-cprofile: every process of the server imports the hook's sitecustomize;
+    # SIGUSR1 starts a profile of its main thread, SIGUSR2 writes it; summary() reads it.
+    import os
+    import subprocess
+    import time
+
+    cprofiling = load("cprofiling")
+    worker = tmp_path / "worker.py"
+    worker.write_text(
+        "import sys, time\n"
+        "def spin_between_signals():\n"
+        "    return sum(range(1000))\n"
+        "print('ready', flush=True)\n"
+        "end = time.monotonic() + 30\n"
+        "while time.monotonic() < end:\n"
+        "    spin_between_signals()\n"
+    )
+    env = {**os.environ, **cprofiling.server_env(tmp_path / "dumps")}
+    child = subprocess.Popen(
+        [sys.executable, str(worker)], env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "ready"
+        cprofiling.start([child.pid])
+        time.sleep(0.5)
+        cprofiling.stop([child.pid])
+        text = cprofiling.summary(tmp_path / "dumps", [child.pid], "a worker")
+    finally:
+        child.kill()
+        child.wait()
+        if child.stdout is not None:
+            child.stdout.close()
+    assert f"pid {child.pid}, by tottime" in text
+    assert "spin_between_signals" in text
+    missing = cprofiling.summary(tmp_path / "dumps", [child.pid + 1_000_000], "x", wait_s=0.1)
+    assert "no dump" in missing
