@@ -9,6 +9,8 @@
 #   bash benchmarks/gpu/issue24_steps.sh cprofile            (~3 min: ResNet-50 gRPC + shm at c=1,
 #       delay 0, and at c=256, delay 500, each with a cProfile of the executor's loop thread:
 #       py-spy --native crashed there; benchmarks/gpu/cprofiling.py)
+#   bash benchmarks/gpu/issue24_steps.sh c1-f1               (~2 min: c=1, delay 0, one process:
+#       --frontends 1 has no front end <-> executor hop, the latency target's best case)
 #   bash benchmarks/gpu/issue24_steps.sh ab                  (~2.5 min: ResNet-50 c=256, gRPC +
 #       system / CUDA shm, the tree in ab_base/src (e.g. `git archive OLD src | tar -x -C
 #       ab_base`, untracked so that it travels) then this tree, one after the other)
@@ -38,6 +40,10 @@ for STEP in "$@"; do
                  --protocols pa_grpc_cuda_shm --concurrency 1,256 --queue-delay-us 500 --profile \
                  --profile-protocol pa_grpc_cuda_shm --profile-native --deadline 240 \
                  >"$R/bert-cuda.log" 2>&1 ;;
+    c1-f1) timeout 150 python3 benchmarks/gpu/run.py --frontends 1 --out "$R/c1-f1" \
+             --models resnet50 --servers infermux --protocols pa_grpc_shm,pa_http --concurrency 1 \
+             --queue-delay-us 0 --profile --profile-cprofile --profile-concurrency 1 \
+             --deadline 130 >"$R/c1-f1.log" 2>&1 ;;
     cprofile) timeout 150 $RUN --out "$R/cprofile-c1" --models resnet50 --servers infermux \
                 --protocols pa_grpc_shm --concurrency 1 --queue-delay-us 0 --profile \
                 --profile-cprofile --profile-concurrency 1 --deadline 130 >"$R/cprofile-c1.log" 2>&1
