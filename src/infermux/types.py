@@ -248,11 +248,12 @@ class DeviceArray:
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+        # math.prod: numpy's costs ~2.4 µs a call, and the GPU path asks per request and input.
+        return int(math.prod(self.shape)) * self.dtype.itemsize
 
     def reshape(self, shape: tuple[int, ...]) -> DeviceArray:
         """The same bytes seen with another shape of the same element count."""
-        if int(np.prod(shape, dtype=np.int64)) != int(np.prod(self.shape, dtype=np.int64)):
+        if int(math.prod(shape)) != int(math.prod(self.shape)):
             raise ValueError(f"cannot reshape {list(self.shape)} into {list(shape)}")
         return DeviceArray(self.pointer, shape, self.dtype, self.device_id, self._owner)
 
