@@ -9,11 +9,18 @@
 #   bash benchmarks/gpu/issue24_steps.sh cprofile            (~3 min: ResNet-50 gRPC + shm at c=1,
 #       delay 0, and at c=256, delay 500, each with a cProfile of the executor's loop thread:
 #       py-spy --native crashed there; benchmarks/gpu/cprofiling.py)
+#   bash benchmarks/gpu/issue24_steps.sh cprofile-cuda       (~2.5 min: BERT gRPC + CUDA shm at
+#       c=256, delay 500, with the executors' cProfile: where the CUDA-shm path's CPU goes)
 #   bash benchmarks/gpu/issue24_steps.sh c1-f1               (~2 min: c=1, delay 0, one process:
 #       --frontends 1 has no front end <-> executor hop, the latency target's best case)
 #   bash benchmarks/gpu/issue24_steps.sh ab                  (~2.5 min: ResNet-50 c=256, gRPC +
 #       system / CUDA shm, the tree in ab_base/src (e.g. `git archive OLD src | tar -x -C
 #       ab_base`, untracked so that it travels) then this tree, one after the other)
+#   bash benchmarks/gpu/issue24_steps.sh ab-c1               (~5 min: c=1, delay 0, ResNet-50 over
+#       gRPC + shm and HTTP, --frontends 12 then 1, the tree in ab_base/src then this tree;
+#       AB_FRONTENDS and AB_PROTOCOLS narrow it)
+#   bash benchmarks/gpu/issue24_steps.sh ab-load             (~4 min: c=16 and 64, delay 500,
+#       ResNet-50 over gRPC + shm and HTTP, the tree in ab_base/src then this tree)
 # Results land in $OUT/res.tgz (-> benchmarks/results/gpu/issue24/<step>-<commit>/).
 # shellcheck source=../device_setup.sh
 . "$(dirname "$0")/../device_setup.sh"
@@ -50,12 +57,32 @@ for STEP in "$@"; do
               timeout 150 $RUN --out "$R/cprofile-c256" --models resnet50 --servers infermux \
                 --protocols pa_grpc_shm --concurrency 256 --queue-delay-us 500 --profile \
                 --profile-cprofile --deadline 130 >"$R/cprofile-c256.log" 2>&1 ;;
+    cprofile-cuda) timeout 170 $RUN --out "$R/cprofile-cuda" --models bert --servers infermux \
+                     --protocols pa_grpc_cuda_shm --concurrency 256 --queue-delay-us 500 --profile \
+                     --profile-protocol pa_grpc_cuda_shm --profile-cprofile --deadline 150 \
+                     >"$R/cprofile-cuda.log" 2>&1 ;;
     ab) for TREE in base head; do
           SRC=$PWD/src; [ $TREE = base ] && SRC=$PWD/ab_base/src
           PYTHONPATH=$SRC:/tmp/site:$PWD timeout 140 $RUN --out "$R/ab-$TREE" --models resnet50 \
             --servers infermux --protocols pa_grpc_shm,pa_grpc_cuda_shm --concurrency 256 \
             --queue-delay-us 500 --raw-seconds 1 --deadline 125 >"$R/ab-$TREE.log" 2>&1
         done ;;
+    ab-c1) for F in ${AB_FRONTENDS:-12 1}; do
+             for TREE in base head; do
+               SRC=$PWD/src; [ $TREE = base ] && SRC=$PWD/ab_base/src
+               PYTHONPATH=$SRC:/tmp/site:$PWD timeout 120 python3 benchmarks/gpu/run.py \
+                 --frontends $F --out "$R/ab-c1-f$F-$TREE" --models resnet50 --servers infermux \
+                 --protocols ${AB_PROTOCOLS:-pa_grpc_shm,pa_http} --concurrency 1 \
+                 --queue-delay-us 0 --raw-seconds 1 --deadline 105 >"$R/ab-c1-f$F-$TREE.log" 2>&1
+             done
+           done ;;
+    ab-load) for TREE in base head; do
+               SRC=$PWD/src; [ $TREE = base ] && SRC=$PWD/ab_base/src
+               PYTHONPATH=$SRC:/tmp/site:$PWD timeout 140 $RUN --out "$R/ab-load-$TREE" \
+                 --models resnet50 --servers infermux --protocols pa_grpc_shm,pa_http \
+                 --concurrency 16,64 --queue-delay-us 500 --pa-http-interval-ms 2000 \
+                 --raw-seconds 1 --deadline 125 >"$R/ab-load-$TREE.log" 2>&1
+             done ;;
     *) echo "unknown step $STEP" >&2 ;;
   esac
 done

@@ -25,6 +25,7 @@ DISABLED_PORT = -1  # a front end with this port listens on its unix socket only
 MAX_FRONTENDS = 64
 MAX_EXECUTORS = 16
 DEFAULT_IPC_ARENA_MB = 256
+DEFAULT_GPU_COMPLETION_SPIN_US = 2000  # the loop polls a batch launched on an idle GPU this long
 DEFAULT_FRONTEND_HEARTBEAT_TIMEOUT = 5.0  # seconds a front end may leave the heartbeat unanswered
 IPC_RING_BYTES = 4 * 2**20  # each of a channel's two rings (infermux.ipc.channel)
 
@@ -204,6 +205,9 @@ class ServerSettings:
     """``--log-info``/``--log-warning``/``--log-error``: false drops that level's lines."""
     allow_metrics: bool = True
     allow_gpu_metrics: bool = True
+    gpu_completion_spin_us: int = DEFAULT_GPU_COMPLETION_SPIN_US
+    """How long the event loop polls a GPU batch launched while no other was in flight, instead
+    of sleeping until the completion thread wakes it (``runtime/completions.py``; 0: never)."""
     trace: TraceSettings = field(default_factory=TraceSettings)
     http_max_input_size: int = DEFAULT_MAX_INPUT_SIZE
     http_limits: HttpLimits = field(default_factory=HttpLimits)

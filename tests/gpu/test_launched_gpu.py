@@ -84,6 +84,27 @@ async def test_launched_replays_answer_as_eager_with_no_instance_thread(tmp_path
         close([eager])
 
 
+async def test_batches_on_an_idle_gpu_are_polled_by_the_loop(tmp_path: Path) -> None:
+    """One request at a time: each batch is launched with no other in flight, so the loop polls
+    it and reports it (once: the completion thread, woken by the same batch, finds nothing)."""
+    graphed = load(write(tmp_path / "graphs", Wide(), GRAPHS), "cuda:0", 2)
+    (eager,) = load(write(tmp_path / "eager", Wide()), "cuda:0", 1)
+    batcher = DynamicBatcher(
+        "m", graphed, finish=finish, batching=DynamicBatchingConfig(), max_batch_size=8
+    )
+    polled = COMPLETIONS.polled
+    try:
+        inputs = [rows(1, seed) for seed in range(50)]
+        done = [await batcher.submit(ModelRequest({"INPUT__0": x}, ("OUTPUT__0",))) for x in inputs]
+        assert_answers_as(eager, inputs, done)
+        # Most: the completion thread may see a batch first now and then.
+        assert COMPLETIONS.polled - polled >= len(inputs) // 2
+        assert COMPLETIONS.watching == 0
+    finally:
+        await batcher.close()
+        close([eager])
+
+
 async def test_no_device_allocations_in_launched_batches(tmp_path: Path) -> None:
     instances = load(write(tmp_path, Wide(), GRAPHS), "cuda:0", 2)
     batcher = DynamicBatcher(

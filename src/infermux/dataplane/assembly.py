@@ -6,6 +6,7 @@ from __future__ import annotations
 from infermux import __version__
 from infermux.backends import BackendRegistry
 from infermux.repository import ONLY, ControlMode, LoadObserver, ModelRepository, Shard
+from infermux.runtime import COMPLETIONS
 from infermux.settings import ServerSettings
 from infermux.types import ServerMetadata
 
@@ -66,6 +67,7 @@ def build_repository(
 
 def build_dataplane(settings: ServerSettings, repository: ModelRepository) -> DataPlane:
     """The data plane over ``repository``; its models' own requests (BLS) go through it too."""
+    COMPLETIONS.spin_seconds = settings.gpu_completion_spin_us / 1e6  # the process's GPU batches
     plane = DataPlane(
         repository,
         version=__version__,

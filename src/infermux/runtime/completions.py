@@ -14,21 +14,33 @@ which hand the news to the event loop (``call_soon_threadsafe``). Per batch that
 acquisition on the completion thread, where an instance thread per model instance needed one per
 GPU call and queued for the GIL behind the loop each time (``docs/decisions.md`` has the figures).
 
+When a batch is launched on an idle GPU (no other batch of the process in flight: low load, where
+latency is what matters), the event loop also polls its event once per loop iteration, for at
+most :attr:`Completions.spin_seconds`, and reports it itself when it completes. On the H200 host
+a thread woken from a sleep of a millisecond took ~0.3-0.5 ms to run again: the host function,
+the completion thread and the loop's own wake-up added 536 µs (p50) to a 0.9 ms batch, the
+loop's polling 30 µs (``benchmarks/gpu/completion_latency.py``, ``docs/decisions.md``). The
+price is the loop's CPU while it polls, and only at low load; under load batches overlap and
+the semaphore path alone reports them. Whichever path sees a batch first reports it, once.
+
 CUDA and libc are reached through ``ctypes`` (:mod:`~infermux.runtime.driver`): the driver API's
 ``cuLaunchHostFunc`` takes the raw function pointer that a binding would wrap in Python.
 """
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import errno
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 from infermux.runtime.driver import DRIVER, DriverError
+from infermux.settings import DEFAULT_GPU_COMPLETION_SPIN_US
 
 logger = logging.getLogger(__name__)
 
@@ -56,8 +68,8 @@ class Completions:
     """The process's completion thread and its semaphore; use :data:`COMPLETIONS`.
 
     :meth:`watch` is called on the thread that launched the batch (the event loop's), callbacks
-    run on the completion thread: they must only hand the news on (e.g. ``call_soon_threadsafe``)
-    and must not raise.
+    run on the completion thread, or on that loop when its polling saw the batch first: they
+    must only hand the news on (e.g. ``call_soon_threadsafe``) and must not raise.
     """
 
     def __init__(self) -> None:
@@ -67,14 +79,24 @@ class Completions:
         self._sem = ctypes.create_string_buffer(_SEM_T_BYTES)
         self.wakeups = 0
         """Times the completion thread woke (a figure for benchmarks and tests)."""
+        self.spin_seconds = DEFAULT_GPU_COMPLETION_SPIN_US / 1e6
+        """How long the loop polls a batch launched on an idle GPU (0: never). The default
+        (``--gpu-completion-spin-us``): a ResNet-50 or BERT-base batch of one takes ~0.8-0.9
+        ms on an H200, so small batches at low load are polled to their end, while a long
+        batch stops costing CPU after 2 ms and is reported by the completion thread."""
+        self.polled = 0
+        """Batches the loop's polling reported (a figure for benchmarks and tests)."""
+        self._polling_until = 0.0  # perf_counter: a poll runs until then (one at a time)
 
     def watch(self, stream_handle: int, event: Event, done: Callable[[], None]) -> None:
-        """Call ``done()`` (on the completion thread) once ``event``, recorded on the stream
-        ``stream_handle`` (a ``cudaStream_t``) before this call, has completed. Call it with
-        the stream's device current."""
+        """Call ``done()`` once (on the completion thread, or on the running loop if it polls
+        the batch) when ``event``, recorded on the stream ``stream_handle`` (a
+        ``cudaStream_t``) before this call, has completed. Call it with the stream's device
+        current."""
         self._start()
         watch = _Watch(event, done)
         with self._lock:
+            idle = not self._watched
             self._watched.append(watch)
         try:
             DRIVER.launch_host_func(stream_handle, DRIVER.sem_post, ctypes.addressof(self._sem))
@@ -82,6 +104,48 @@ class Completions:
             with self._lock:
                 self._watched.remove(watch)
             raise CompletionError(str(exc)) from None
+        if idle:
+            self._poll_on_loop(watch)
+
+    def _poll_on_loop(self, watch: _Watch) -> None:
+        """Poll ``watch``'s event once per iteration of the running loop (if any) until it
+        completes, for at most :attr:`spin_seconds`; report it if the completion thread did not
+        yet. One poll at a time: a new one starts only once the last has ended."""
+        now = time.perf_counter()
+        if self.spin_seconds <= 0 or now < self._polling_until:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # launched outside a loop: the completion thread reports it
+            return
+        give_up = self._polling_until = now + self.spin_seconds
+
+        def poll() -> None:
+            try:
+                finished = watch.event.query()
+            except Exception:  # the completion thread's own query will meet it and say so
+                self._polling_until = 0.0
+                return
+            if finished:
+                self._polling_until = 0.0
+                if self._claim(watch):
+                    self.polled += 1
+                    _report(watch)
+            elif time.perf_counter() < give_up:
+                loop.call_soon(poll)
+            else:
+                self._polling_until = 0.0
+
+        loop.call_soon(poll)
+
+    def _claim(self, watch: _Watch) -> bool:
+        """Take ``watch`` off the watched list: True for the one caller that may report it."""
+        with self._lock:
+            try:
+                self._watched.remove(watch)
+            except ValueError:  # the completion thread reported it already
+                return False
+        return True
 
     @property
     def watching(self) -> int:
@@ -130,10 +194,14 @@ class Completions:
                 (finished if watch.event.query() else waiting).append(watch)
             self._watched = waiting
         for watch in finished:
-            try:
-                watch.done()
-            except Exception:  # a callback's bug must not stop every later completion
-                logger.exception("a GPU completion callback failed")
+            _report(watch)
+
+
+def _report(watch: _Watch) -> None:
+    try:
+        watch.done()
+    except Exception:  # a callback's bug must not stop every later completion
+        logger.exception("a GPU completion callback failed")
 
 
 COMPLETIONS = Completions()

@@ -106,6 +106,14 @@ def test_unknown_command_exits_2() -> None:
     assert exited.value.code == 2
 
 
+def test_gpu_completion_spin_flag() -> None:
+    assert parse_settings([]).gpu_completion_spin_us == 2000
+    assert parse_settings(["--gpu-completion-spin-us", "0"]).gpu_completion_spin_us == 0
+    assert parse_settings(["--gpu-completion-spin-us", "500"]).gpu_completion_spin_us == 500
+    with pytest.raises(SystemExit):
+        parse_settings(["--gpu-completion-spin-us", "-1"])
+
+
 def test_observability_flags() -> None:
     defaults = parse_settings([])
     assert defaults.allow_metrics is True
