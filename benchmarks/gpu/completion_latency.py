@@ -74,6 +74,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
 
     from infermux.runtime.completions import COMPLETIONS
 
+    COMPLETIONS.spin_seconds = 0  # "completions" times the completion thread's path alone
     loop = asyncio.get_running_loop()
     stream = torch.cuda.Stream()
     spinner = SpinThread()
@@ -98,7 +99,6 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                 await asyncio.sleep(0)
             return time.perf_counter() - start
         if method == "completions":
-            COMPLETIONS.spin_seconds = 0  # the completion thread's path alone
             COMPLETIONS.watch(stream.cuda_stream, event, done)
         else:
             spinner.watch(event, done)

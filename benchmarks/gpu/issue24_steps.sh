@@ -28,6 +28,12 @@
 RUN="python3 benchmarks/gpu/run.py --frontends 12"
 SWEEP="--protocols pa_grpc_shm,pa_grpc_cuda_shm,pa_grpc,pa_http --concurrency 1,16,64,256
        --queue-delay-us 500 --pa-http-interval-ms 2000 --profile"
+# Run a command on one tree of an A/B: "base" (ab_base/src) or "head" (src/).
+on_tree() {
+  local src=$PWD/src
+  [ "$1" = base ] && src=$PWD/ab_base/src
+  PYTHONPATH=$src:/tmp/site:$PWD "${@:2}"
+}
 for STEP in "$@"; do
   case $STEP in
     tests) timeout 200 python3 -m pytest -m gpu tests/gpu -q -p no:cacheprovider -rs \
@@ -62,23 +68,20 @@ for STEP in "$@"; do
                      --profile-protocol pa_grpc_cuda_shm --profile-cprofile --deadline 150 \
                      >"$R/cprofile-cuda.log" 2>&1 ;;
     ab) for TREE in base head; do
-          SRC=$PWD/src; [ $TREE = base ] && SRC=$PWD/ab_base/src
-          PYTHONPATH=$SRC:/tmp/site:$PWD timeout 140 $RUN --out "$R/ab-$TREE" --models resnet50 \
+          on_tree $TREE timeout 140 $RUN --out "$R/ab-$TREE" --models resnet50 \
             --servers infermux --protocols pa_grpc_shm,pa_grpc_cuda_shm --concurrency 256 \
             --queue-delay-us 500 --raw-seconds 1 --deadline 125 >"$R/ab-$TREE.log" 2>&1
         done ;;
     ab-c1) for F in ${AB_FRONTENDS:-12 1}; do
              for TREE in base head; do
-               SRC=$PWD/src; [ $TREE = base ] && SRC=$PWD/ab_base/src
-               PYTHONPATH=$SRC:/tmp/site:$PWD timeout 120 python3 benchmarks/gpu/run.py \
+               on_tree $TREE timeout 120 python3 benchmarks/gpu/run.py \
                  --frontends $F --out "$R/ab-c1-f$F-$TREE" --models resnet50 --servers infermux \
                  --protocols ${AB_PROTOCOLS:-pa_grpc_shm,pa_http} --concurrency 1 \
                  --queue-delay-us 0 --raw-seconds 1 --deadline 105 >"$R/ab-c1-f$F-$TREE.log" 2>&1
              done
            done ;;
     ab-load) for TREE in base head; do
-               SRC=$PWD/src; [ $TREE = base ] && SRC=$PWD/ab_base/src
-               PYTHONPATH=$SRC:/tmp/site:$PWD timeout 140 $RUN --out "$R/ab-load-$TREE" \
+               on_tree $TREE timeout 140 $RUN --out "$R/ab-load-$TREE" \
                  --models resnet50 --servers infermux --protocols pa_grpc_shm,pa_http \
                  --concurrency 16,64 --queue-delay-us 500 --pa-http-interval-ms 2000 \
                  --raw-seconds 1 --deadline 125 >"$R/ab-load-$TREE.log" 2>&1
