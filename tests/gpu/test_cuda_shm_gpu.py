@@ -174,3 +174,41 @@ def test_a_cuda_region_larger_than_its_allocation_is_refused(
         client.unregister_cuda_shared_memory()
         cudashm.destroy_shared_memory_region(region)
         client.close()
+
+
+def test_allocation_sizes_are_read_in_the_context_the_thread_has(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The size check before every copy asks the driver through ctypes in the thread's current
+    context, without making the device current first, and says what the runtime's path says;
+    a pointer the context does not map falls back to that path and is refused there."""
+    from infermux.dataplane.cuda_shared_memory import CudaCallError, CudaRuntime
+    from infermux.runtime.driver import DRIVER
+
+    runtime = CudaRuntime()
+    # A block of torch's caching allocator: the driver reports the segment it lies in.
+    allocator: Any = torch.cuda.memory  # its delete is unannotated
+    memory = allocator.caching_allocator_alloc(3000, 0)
+    try:
+        torch.cuda.synchronize()
+        calls: list[str] = []
+        call = runtime._call
+
+        def recorded(function: str, *args: object) -> Any:
+            calls.append(function)
+            return call(function, *args)
+
+        monkeypatch.setattr(runtime, "_call", recorded)
+        fast = [runtime.allocation_size(memory + offset, 0) for offset in (0, 1000)]
+        assert calls == [], f"the fast path made runtime calls: {calls}"
+        with monkeypatch.context() as slow_only:
+            slow_only.setattr(DRIVER, "allocation_end", lambda pointer: None)
+            slow = [runtime.allocation_size(memory + offset, 0) for offset in (0, 1000)]
+        assert "cudaSetDevice" in calls
+        assert fast == slow
+        assert fast[0] >= 3000
+        assert fast[0] - fast[1] == 1000
+        with pytest.raises(CudaCallError, match="cuMemGetAddressRange"):
+            runtime.allocation_size(16, 0)  # in no allocation
+    finally:
+        allocator.caching_allocator_delete(memory)
