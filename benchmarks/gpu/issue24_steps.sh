@@ -15,7 +15,13 @@
 #       --frontends 1 has no front end <-> executor hop, the latency target's best case)
 #   bash benchmarks/gpu/issue24_steps.sh ab                  (~2.5 min: ResNet-50 c=256, gRPC +
 #       system / CUDA shm, the tree in ab_base/src (e.g. `git archive OLD src | tar -x -C
-#       ab_base`, untracked so that it travels) then this tree, one after the other)
+#       ab_base`, untracked so that it travels) then this tree, one after the other;
+#       AB_MODEL (bert) and AB_PROTOCOLS narrow it)
+#   bash benchmarks/gpu/issue24_steps.sh share1              (~1.5 min: ResNet-50 gRPC + shm c=256
+#       with TRITON_CLIENT_GRPC_CHANNEL_MAX_SHARE_COUNT=1: a connection per perf_analyzer thread,
+#       so SO_REUSEPORT spreads 256 connections over the front ends, not ~43)
+#   bash benchmarks/gpu/issue24_steps.sh shm-check           (~20 s: benchmarks/gpu/cuda_shm_check.py)
+#   bash benchmarks/gpu/issue24_steps.sh tests-cuda          (~1 min: the CUDA-shm GPU tests only)
 #   bash benchmarks/gpu/issue24_steps.sh ab-c1               (~5 min: c=1, delay 0, ResNet-50 over
 #       gRPC + shm and HTTP, --frontends 12 then 1, the tree in ab_base/src then this tree;
 #       AB_FRONTENDS and AB_PROTOCOLS narrow it)
@@ -68,10 +74,19 @@ for STEP in "$@"; do
                      --profile-protocol pa_grpc_cuda_shm --profile-cprofile --deadline 150 \
                      >"$R/cprofile-cuda.log" 2>&1 ;;
     ab) for TREE in base head; do
-          on_tree $TREE timeout 140 $RUN --out "$R/ab-$TREE" --models resnet50 \
-            --servers infermux --protocols pa_grpc_shm,pa_grpc_cuda_shm --concurrency 256 \
-            --queue-delay-us 500 --raw-seconds 1 --deadline 125 >"$R/ab-$TREE.log" 2>&1
+          on_tree $TREE timeout 140 $RUN --out "$R/ab-$TREE" --models ${AB_MODEL:-resnet50} \
+            --servers infermux --protocols ${AB_PROTOCOLS:-pa_grpc_shm,pa_grpc_cuda_shm} \
+            --concurrency 256 --queue-delay-us 500 --raw-seconds 1 --deadline 125 \
+            >"$R/ab-$TREE.log" 2>&1
         done ;;
+    share1) timeout 140 $RUN --out "$R/share1" --models resnet50 --servers infermux \
+              --protocols pa_grpc_shm --concurrency 256 --queue-delay-us 500 --raw-seconds 1 \
+              --pa-grpc-channel-share 1 --deadline 125 >"$R/share1.log" 2>&1 ;;
+    shm-check) timeout 100 python3 benchmarks/gpu/cuda_shm_check.py \
+                 --out "$R/cuda_shm_check.json" >"$R/shm-check.log" 2>&1 ;;
+    tests-cuda) timeout 200 python3 -m pytest -m gpu tests/gpu/test_cuda_shm_gpu.py \
+                  tests/gpu/test_cuda_micro_batch_gpu.py -q -p no:cacheprovider -rs \
+                  >"$R/gpu-tests-cuda.log" 2>&1 ;;
     ab-c1) for F in ${AB_FRONTENDS:-12 1}; do
              for TREE in base head; do
                on_tree $TREE timeout 120 python3 benchmarks/gpu/run.py \

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import connections
 import cpuroles
 import pyspy
 from nvml import Nvml, Sampler
@@ -50,6 +51,12 @@ class Window:
 
     def end(self) -> None:
         self._marks["gpu"] = self._sampler.stop()
+        port = self._server.grpc_target.rpartition(":")[2]
+        if self._infermux and port.isdigit():
+            # Still open at the window's end (the client has not exited yet).
+            self._marks["grpc_connections"] = connections.per_process(
+                self._server.process.pids(), int(port)
+            )
         self._marks["after"] = self._snapshot()
         self._marks["t1"] = time.monotonic()
 
@@ -68,6 +75,9 @@ class Window:
         cpu = after["cpu"] - before["cpu"]
         out["server_cpu"] = round(cpu / span, 3)
         out.update(self._marks["gpu"])
+        if "grpc_connections" in self._marks:
+            held = self._marks["grpc_connections"]
+            out["grpc_connections_per_process"] = {str(pid): n for pid, n in sorted(held.items())}
         used = out.get("device_used_max_mib")
         out["device_delta_max_mib"] = (
             round(used - baseline_mib, 1) if used is not None and baseline_mib is not None else None
