@@ -26,6 +26,7 @@ MAX_FRONTENDS = 64
 MAX_EXECUTORS = 16
 DEFAULT_IPC_ARENA_MB = 256
 DEFAULT_GPU_COMPLETION_SPIN_US = 2000  # the loop polls a batch launched on an idle GPU this long
+DEFAULT_CHANNEL_POLL_US = 2000  # each side of a channel polls for what it waits for at c=1
 DEFAULT_FRONTEND_HEARTBEAT_TIMEOUT = 5.0  # seconds a front end may leave the heartbeat unanswered
 IPC_RING_BYTES = 4 * 2**20  # each of a channel's two rings (infermux.ipc.channel)
 
@@ -208,6 +209,10 @@ class ServerSettings:
     gpu_completion_spin_us: int = DEFAULT_GPU_COMPLETION_SPIN_US
     """How long the event loop polls a GPU batch launched while no other was in flight, instead
     of sleeping until the completion thread wakes it (``runtime/completions.py``; 0: never)."""
+    channel_poll_us: int = DEFAULT_CHANNEL_POLL_US
+    """At the lowest load, how long a front end polls its channel for its only request's
+    answer, and the executor every channel for the next request, instead of sleeping until a
+    doorbell wakes it (``transport/link.py``; 0: never)."""
     trace: TraceSettings = field(default_factory=TraceSettings)
     http_max_input_size: int = DEFAULT_MAX_INPUT_SIZE
     http_limits: HttpLimits = field(default_factory=HttpLimits)

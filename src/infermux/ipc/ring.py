@@ -29,6 +29,7 @@ _U32 = struct.Struct("<I")
 _WRAP = 0xFFFFFFFF
 _HEAD, _TAIL = 0, 64  # byte counts, each on its own cache line
 _HEAD_WORD, _TAIL_WORD = _HEAD // 8, _TAIL // 8
+_LOAD_WORD = _TAIL_WORD + 1  # the producer's, on its cache line: see FrameRing.publish_load
 META = 128
 """Bytes before the data area."""
 
@@ -97,6 +98,21 @@ class FrameRing:
         buf[META + pos + _U32.size : META + pos + size] = frame
         words[_TAIL_WORD] = tail + skip + size  # publish: after the bytes
         return True
+
+    def pending(self) -> bool:
+        """Whether frames are published and not taken yet (two loads: no syscall, no copy)."""
+        words = self._words
+        return bool(words[_HEAD_WORD] != words[_TAIL_WORD])
+
+    def publish_load(self, running: int) -> None:
+        """Producer side: how many requests this side is running (a hint for the consumer's
+        choice to poll, not part of the frame protocol; one aligned store)."""
+        self._words[_LOAD_WORD] = running
+
+    def load(self) -> int:
+        """Consumer side: what the producer last published with :meth:`publish_load` (0 until
+        it does)."""
+        return int(self._words[_LOAD_WORD])
 
     def take(self) -> list[bytes]:
         """Every frame published so far, oldest first (empty when there are none)."""

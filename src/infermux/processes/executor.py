@@ -71,7 +71,7 @@ async def _serve(
     repository = build_repository(settings, progress, shard)
     plane = build_dataplane(settings, repository)
     held = Held(plane, repository, lambda *call: control.send(Changed(*call)))
-    channels = ChannelServer(plane, held.observe)
+    channels = ChannelServer(plane, held.observe, poll_seconds=settings.channel_poll_us / 1e6)
     metrics = (
         MetricsEndpoint(settings, repository, plane.router, metrics_sock) if metrics_sock else None
     )

@@ -52,6 +52,7 @@ async def _serve(
         server_metadata(settings),
         settings.executors,
         ready_timeout_s=settings.executor_ready_timeout_ms / 1000,
+        poll_seconds=settings.channel_poll_us / 1e6,
     )
     try:
         fronts = FrontEnds(

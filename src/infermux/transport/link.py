@@ -13,6 +13,7 @@ import asyncio
 import collections
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 
 from infermux.errors import InvalidArgumentError, UnavailableError
@@ -40,6 +41,7 @@ class Link:
         self._rung_this_iteration = False
         self._ring_due = False
         self._space = asyncio.Event()
+        self._polling = False
         self.closed = False
         self._loop.add_reader(endpoint.wake.fileno(), self._drain)
         # Frames may have been written before this side started watching.
@@ -58,6 +60,32 @@ class Link:
         frames = self.endpoint.inbox.take()
         if frames:
             self._on_frames(frames)
+
+    def poll_inbox(self, seconds: float) -> None:
+        """Look for frames once per loop iteration, for at most ``seconds`` or until some
+        arrive, and drain them at once, instead of sleeping until the peer's doorbell wakes the
+        loop: on the H200 host a loop that slept a millisecond runs ~0.3-0.5 ms after its
+        doorbell rang (``docs/decisions.md``, *GPU completions at low load*). For a side that
+        waits for its only request's answer; the loop keeps serving everything else meanwhile,
+        at the price of its CPU while it polls. One poll at a time."""
+        if self._polling or seconds <= 0:
+            return
+        self._polling = True
+        give_up = time.perf_counter() + seconds
+        inbox = self.endpoint.inbox
+
+        def poll() -> None:
+            if self.closed:
+                self._polling = False
+            elif inbox.pending():
+                self._polling = False
+                self._drain()
+            elif time.perf_counter() < give_up:
+                self._loop.call_soon(poll)
+            else:
+                self._polling = False
+
+        self._loop.call_soon(poll)
 
     # -- sending ----------------------------------------------------------------------------------
 

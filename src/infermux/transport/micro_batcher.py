@@ -64,6 +64,8 @@ class Channel(Protocol):
 
     def in_flight(self) -> int: ...
 
+    def poll_if_alone(self, link: Link) -> None: ...
+
     def free(self, link: Link, offsets: list[int]) -> None: ...
 
 
@@ -273,6 +275,7 @@ class MicroBatcher:
                 )
             )
         )
+        self._channel.poll_if_alone(link)
         if batch.abandoned() and not batch.cancel_sent:  # every caller left while it was written
             batch.cancel_sent = True
             link.send(encode(Cancel(seq)))

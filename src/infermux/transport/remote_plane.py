@@ -37,6 +37,7 @@ from infermux.model_config import ModelConfig
 from infermux.observability.logs import checked_log_changes, log_settings, update_log_settings
 from infermux.observability.trace_settings import checked_trace_changes
 from infermux.routing.router import TrafficReport
+from infermux.settings import DEFAULT_CHANNEL_POLL_US
 from infermux.types import (
     CudaSharedMemoryRegion,
     InferRequest,
@@ -63,11 +64,17 @@ class RemoteDataPlane:
     executor processes."""
 
     def __init__(
-        self, metadata: ServerMetadata, executors: int = 1, *, ready_timeout_s: float = 1.0
+        self,
+        metadata: ServerMetadata,
+        executors: int = 1,
+        *,
+        ready_timeout_s: float = 1.0,
+        poll_seconds: float = DEFAULT_CHANNEL_POLL_US / 1e6,
     ) -> None:
         self._metadata = metadata
         self._executors = [
-            RemoteExecutor(metadata, ready_timeout_s=ready_timeout_s) for _ in range(executors)
+            RemoteExecutor(metadata, ready_timeout_s=ready_timeout_s, poll_seconds=poll_seconds)
+            for _ in range(executors)
         ]
         self._hosts = Hosts(self._executors)
         self._shutting_down = False

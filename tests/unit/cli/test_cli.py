@@ -114,6 +114,14 @@ def test_gpu_completion_spin_flag() -> None:
         parse_settings(["--gpu-completion-spin-us", "-1"])
 
 
+def test_channel_poll_flag() -> None:
+    assert parse_settings([]).channel_poll_us == 2000
+    assert parse_settings(["--channel-poll-us", "0"]).channel_poll_us == 0
+    assert parse_settings(["--channel-poll-us", "700"]).channel_poll_us == 700
+    with pytest.raises(SystemExit):
+        parse_settings(["--channel-poll-us", "-1"])
+
+
 def test_observability_flags() -> None:
     defaults = parse_settings([])
     assert defaults.allow_metrics is True

@@ -35,6 +35,25 @@ def test_frames_come_out_in_order(ring: FrameRing) -> None:
     assert ring.take() == []
 
 
+def test_the_producers_load_reaches_the_other_mapping_and_leaves_frames_alone(
+    ring: FrameRing,
+) -> None:
+    other = FrameRing.attach(ring.name)  # the consumer's own mapping, as in the other process
+    try:
+        assert other.load() == 0  # nothing published yet
+        assert ring.put(b"one")
+        ring.publish_load(7)
+        assert other.load() == 7
+        assert ring.put(b"two")
+        assert other.pending()
+        assert other.take() == [b"one", b"two"]
+        assert not other.pending()
+        ring.publish_load(0)
+        assert other.load() == 0
+    finally:
+        other.close()
+
+
 def test_a_full_ring_refuses_and_recovers(ring: FrameRing) -> None:
     frame = bytes(60)  # 64 bytes with its length: four fill the 256-byte data area
     assert all(ring.put(frame) for _ in range(4))

@@ -120,3 +120,46 @@ def test_a_muted_link_drops_its_backlog_and_stops_retrying(
         link.close()
 
     on_uvloop(main)
+
+
+def test_a_polled_inbox_delivers_a_frame_whose_doorbell_never_rang(
+    ends: tuple[Endpoint, Endpoint],
+) -> None:
+    # The executor's answer written without ringing: only the poll can find it.
+    front, executor = ends
+
+    async def main() -> None:
+        got: list[bytes] = []
+        link = Link(front, got.extend)
+        await asyncio.sleep(0.01)
+        link.poll_inbox(0.5)
+        await asyncio.sleep(0.005)
+        assert executor.outbox.put(b"answer")
+        deadline = time.monotonic() + 1
+        while not got:
+            assert time.monotonic() < deadline, "the poll did not find the frame"
+            await asyncio.sleep(0)
+        assert got == [b"answer"]
+        link.close()
+
+    on_uvloop(main)
+
+
+def test_the_inbox_poll_gives_up_after_its_budget(ends: tuple[Endpoint, Endpoint]) -> None:
+    front, executor = ends
+
+    async def main() -> None:
+        got: list[bytes] = []
+        link = Link(front, got.extend)
+        await asyncio.sleep(0.01)
+        link.poll_inbox(0.002)
+        await asyncio.sleep(0.02)
+        assert executor.outbox.put(b"late")  # no doorbell, and the poll is over
+        await asyncio.sleep(0.02)
+        assert got == []
+        executor.bell.ring()
+        await asyncio.sleep(0.02)
+        assert got == [b"late"]
+        link.close()
+
+    on_uvloop(main)
