@@ -4,13 +4,15 @@ Every input or output a request places in a client's CUDA region is checked agai
 the allocation the driver says the region maps (``cuMemGetAddressRange``), just before its copy
 (``CudaSharedMemoryRegistry._check_allocation``: three per BERT request). The executor's cProfile
 of BERT over gRPC + CUDA shm put it at 12% of the loop thread's time. This times
-``CudaRuntime.allocation_size`` on a real allocation, on a thread whose context is current (as
-the executor's loop thread is), both ways:
+the query on a real allocation, on a thread whose context is current (as the executor's loop
+thread is), two ways:
 
-- ``ctypes``: ``cuMemGetAddressRange_v2`` through ``ctypes`` in the current context (the path
-  taken now);
-- ``runtime``: ``cudaSetDevice`` then ``cuMemGetAddressRange`` through cuda-python (the path
-  before, still the fallback when the current context does not answer).
+- ``runtime``: ``CudaRuntime.allocation_size``, ``cudaSetDevice`` then ``cuMemGetAddressRange``
+  through cuda-python (what infermux does);
+- ``ctypes``: ``cuMemGetAddressRange_v2`` alone through ``ctypes`` in the current context (the
+  candidate: one driver call fewer). On the H200 it was the slower: 3.0 against 2.5 µs a call
+  (``results/gpu/issue24/run2-4f34cae/cuda_shm_check.json``); cuda-python's Cython wrappers cost
+  less than ctypes' argument conversion, so the check stays as it is.
 
     python3 benchmarks/gpu/cuda_shm_check.py --out $OUT/cuda_shm_check.json
 """
@@ -18,10 +20,12 @@ the executor's loop thread is), both ways:
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,13 +34,31 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 import torch
 
 from infermux.dataplane.cuda_shared_memory import CudaRuntime
-from infermux.runtime.driver import DRIVER
 
 
-def _per_call_us(runtime: CudaRuntime, pointer: int, calls: int) -> float:
+def _ctypes_query() -> Callable[[int], int]:
+    """``cuMemGetAddressRange_v2`` through ctypes: the allocation's size from ``pointer``."""
+    query = ctypes.CDLL("libcuda.so.1").cuMemGetAddressRange_v2
+    query.restype = ctypes.c_int
+    query.argtypes = (
+        ctypes.POINTER(ctypes.c_uint64),
+        ctypes.POINTER(ctypes.c_size_t),
+        ctypes.c_uint64,
+    )
+
+    def size(pointer: int) -> int:
+        base, length = ctypes.c_uint64(), ctypes.c_size_t()
+        if query(ctypes.byref(base), ctypes.byref(length), pointer) != 0:
+            raise RuntimeError("cuMemGetAddressRange_v2 failed")
+        return base.value + length.value - pointer
+
+    return size
+
+
+def _per_call_us(size: Callable[[int], int], pointer: int, calls: int) -> float:
     start = time.perf_counter()
     for _ in range(calls):
-        runtime.allocation_size(pointer, 0)
+        size(pointer)
     return (time.perf_counter() - start) / calls * 1e6
 
 
@@ -50,16 +72,19 @@ def main() -> None:
     allocator: Any = torch.cuda.memory  # its delete is unannotated
     memory = allocator.caching_allocator_alloc(1 << 20, 0)
     torch.cuda.synchronize()
-    ctypes_path = DRIVER.allocation_end
-    rounds: dict[str, list[float]] = {"ctypes": [], "runtime": []}
+    ways: dict[str, Callable[[int], int]] = {
+        "runtime": lambda pointer: runtime.allocation_size(pointer, 0),
+        "ctypes": _ctypes_query(),
+    }
+    pointer = memory + 4096
+    if len({size(pointer) for size in ways.values()}) != 1:
+        raise RuntimeError("the two ways disagree")
+    rounds: dict[str, list[float]] = {key: [] for key in ways}
     try:
         for _ in range(args.rounds):  # interleaved, so that drift hits both alike
-            DRIVER.allocation_end = ctypes_path  # type: ignore[method-assign]
-            rounds["ctypes"].append(_per_call_us(runtime, memory + 4096, args.calls))
-            DRIVER.allocation_end = lambda pointer: None  # type: ignore[method-assign]
-            rounds["runtime"].append(_per_call_us(runtime, memory + 4096, args.calls))
+            for key, size in ways.items():
+                rounds[key].append(_per_call_us(size, pointer, args.calls))
     finally:
-        DRIVER.allocation_end = ctypes_path  # type: ignore[method-assign]
         allocator.caching_allocator_delete(memory)
     result: dict[str, Any] = {
         "device": torch.cuda.get_device_name(0),

@@ -45,18 +45,19 @@ class Window:
         return snap
 
     def start(self) -> None:
+        port = self._server.grpc_target.rpartition(":")[2]
+        if self._infermux and port.isdigit():
+            # At the window's start: the client's connections are up (its warm-up is over),
+            # and at the end perf_analyzer has already exited.
+            self._marks["grpc_connections"] = connections.per_process(
+                self._server.process.pids(), int(port)
+            )
         self._marks["before"] = self._snapshot()
         self._marks["t0"] = time.monotonic()
         self._sampler.start()
 
     def end(self) -> None:
         self._marks["gpu"] = self._sampler.stop()
-        port = self._server.grpc_target.rpartition(":")[2]
-        if self._infermux and port.isdigit():
-            # Still open at the window's end (the client has not exited yet).
-            self._marks["grpc_connections"] = connections.per_process(
-                self._server.process.pids(), int(port)
-            )
         self._marks["after"] = self._snapshot()
         self._marks["t1"] = time.monotonic()
 

@@ -38,7 +38,6 @@ from infermux.errors import (
     NotFoundError,
     UnsupportedError,
 )
-from infermux.runtime.driver import DRIVER
 from infermux.tensor_bytes import tensor_from_bytes, tensor_to_bytes
 from infermux.types import (
     CudaSharedMemoryRegion,
@@ -133,12 +132,6 @@ class CudaRuntime:
         self._call("cudaIpcCloseMemHandle", pointer)
 
     def allocation_size(self, pointer: int, device_id: int) -> int:
-        # Asked before every copy: through ctypes in the context the thread already has (the
-        # executor's loop thread has its device's), ~1 µs; through cuda-python with the
-        # device made current first, ~3-5 µs (docs/decisions.md).
-        end = DRIVER.allocation_end(pointer)
-        if end is not None:
-            return end - pointer
         self._call("cudaSetDevice", device_id)  # makes the device's primary context current
         error, base, size = self._driver.cuMemGetAddressRange(pointer)
         if error != self._driver.CUresult.CUDA_SUCCESS:

@@ -48,10 +48,6 @@ class Driver:
                     ("cuMemcpyDtoDAsync_v2", (ctypes.c_uint64, ctypes.c_uint64, size, pointer)),
                     ("cuMemHostRegister_v2", (pointer, size, ctypes.c_uint)),
                     ("cuMemHostUnregister", (pointer,)),
-                    (
-                        "cuMemGetAddressRange_v2",
-                        (ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(size), ctypes.c_uint64),
-                    ),
                 ):
                     function = getattr(library, name)
                     function.restype = ctypes.c_int
@@ -76,20 +72,6 @@ class Driver:
 
     def host_unregister(self, start: int) -> int:
         return int(self.bind().cuMemHostUnregister(start))
-
-    def allocation_end(self, pointer: int) -> int | None:
-        """The address one past the end of the allocation ``pointer`` lies in, as the driver
-        reports it (``cuMemGetAddressRange``) in the thread's current context; None when the
-        driver does not say (no context current, a pointer this context does not map, no
-        driver): the caller then asks through the runtime, with the device made current."""
-        try:
-            query = self.bind().cuMemGetAddressRange_v2
-        except OSError:
-            return None
-        base, size = ctypes.c_uint64(), ctypes.c_size_t()
-        if query(ctypes.byref(base), ctypes.byref(size), pointer) != 0:
-            return None
-        return base.value + size.value
 
     def gather_to_device(
         self, target: int, parts: Iterable[tuple[int, int]], stream: int, *, from_host: bool
