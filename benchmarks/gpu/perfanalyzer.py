@@ -199,7 +199,11 @@ def run(
     windowed = False
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **env} if env else None,
         )
         try:
             try:

@@ -181,3 +181,24 @@ def test_the_cprofile_hook_profiles_a_process_between_the_two_signals(tmp_path: 
     assert "spin_between_signals" in text
     missing = cprofiling.summary(tmp_path / "dumps", [child.pid + 1_000_000], "x", wait_s=0.1)
     assert "no dump" in missing
+
+
+def test_perf_analyzer_runs_with_the_environment_it_is_given(tmp_path: Path) -> None:
+    """``--pa-grpc-channel-share`` works through perf_analyzer's environment: the variable must
+    reach the process (it did not: the H200 run meant to give each thread its own connection
+    kept perf_analyzer's default, 43 connections at c=256)."""
+    perfanalyzer = load("perfanalyzer")
+    stand_in = tmp_path / "perf_analyzer"
+    stand_in.write_text(
+        f"#!{sys.executable}\n"
+        "import os\n"
+        'print("share", os.environ.get("TRITON_CLIENT_GRPC_CHANNEL_MAX_SHARE_COUNT"))\n'
+        'print("path set", bool(os.environ.get("PATH")))\n'
+    )
+    stand_in.chmod(0o755)
+    log = tmp_path / "pa.log"
+    argv = [str(stand_in), "-f", str(tmp_path / "pa.csv")]
+    env = {"TRITON_CLIENT_GRPC_CHANNEL_MAX_SHARE_COUNT": "1"}
+    perfanalyzer.run(argv, log, warmup=0.01, timeout=30, env=env)
+    assert "share 1" in log.read_text()
+    assert "path set True" in log.read_text()  # added to the environment, not instead of it
