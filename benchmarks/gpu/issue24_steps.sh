@@ -103,6 +103,7 @@ for STEP in "$@"; do
              done ;;
     *) echo "unknown step $STEP" >&2 ;;
   esac
+  # After every step: what is done comes back even if a later step outlives the call.
+  git rev-parse HEAD >"$R/checkout-head.txt" 2>/dev/null
+  tar czf "${OUT:-/tmp/out}/res.tgz" -C "$R" .
 done
-git rev-parse HEAD >"$R/checkout-head.txt" 2>/dev/null
-tar czf "${OUT:-/tmp/out}/res.tgz" -C "$R" .
