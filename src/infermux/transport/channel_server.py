@@ -67,6 +67,7 @@ from infermux.types import InferRequest, RequestedOutput, Tensor
 from . import streams
 from .calls import CALLS, FILE_BLOCKS
 from .link import Link
+from .low_load import ExecutorLoad
 
 logger = logging.getLogger(__name__)
 
@@ -101,14 +102,12 @@ class ChannelServer:
         poll_seconds: float = DEFAULT_CHANNEL_POLL_US / 1e6,
     ) -> None:
         self._plane = plane
-        self._poll_seconds = poll_seconds
         self._on_call = on_call
         self._clients: dict[str, _Client] = {}
         self._forgets = itertools.count(1)
         # Forget frames not answered yet, by seq: whose, and what the unregistration awaits.
         self._forgetting: dict[int, tuple[_Client, asyncio.Future[None]]] = {}
-        self._running = 0  # requests started and not finished, across channels
-        self._peak = 0  # the most running at once since nothing last ran
+        self._load = ExecutorLoad(poll_seconds, lambda: (c.link for c in self._clients.values()))
         plane.on_shm_forgotten(self._forget)
 
     @property
@@ -228,8 +227,7 @@ class ChannelServer:
         client.tasks.add(task)
         client.inferring[seq] = task
         requests = len(message.rows) or 1
-        self._running += requests
-        self._peak = max(self._peak, self._running)
+        self._load.started(requests)
 
         # One callback per request does all the bookkeeping: this is the executor's hot path.
         def finished(_: object) -> None:
@@ -241,27 +239,9 @@ class ChannelServer:
                 timer.cancel()
             if task.cancelled():  # also cancelled before it started: _infer never ran
                 client.link.send(encode(cancelled(seq, "the client gave up on the request")))
-            self._running -= requests
-            if self._running:
-                # What else runs, for the front end's choice to poll for its next answer.
-                client.link.endpoint.outbox.publish_load(self._running)
-            else:
-                self._idle()
+            self._load.finished(client.link, requests)
 
         task.add_done_callback(finished)
-
-    def _idle(self) -> None:
-        """Nothing runs any more: every front end may poll for its next answer again. When
-        only one request ran at a time since the executor was last idle (the lowest load),
-        look for the next request on every channel for a while (``--channel-poll-us``)
-        instead of sleeping until a doorbell wakes the loop, which on the H200 host runs
-        ~0.3-0.5 ms after it rang (:meth:`~infermux.transport.link.Link.poll_inbox`): at c=1
-        the next request comes a client round trip after the last answer."""
-        alone, self._peak = self._peak == 1, 0
-        for client in self._clients.values():
-            client.link.endpoint.outbox.publish_load(0)
-            if alone:
-                client.link.poll_inbox(self._poll_seconds)
 
     async def _infer(self, client: _Client, message: Infer) -> None:
         link = client.link

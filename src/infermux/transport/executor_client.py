@@ -69,6 +69,7 @@ from infermux.types import (
 from .calls import FILE_BLOCKS, RESULT, forwarded, place_files
 from .grouping import GROUP_LIMIT
 from .link import Link
+from .low_load import poll_for_answer
 from .micro_batcher import MicroBatcher
 from .probes import ReadinessProbes
 from .regions import RegionCopies, in_shared_memory
@@ -170,13 +171,8 @@ class RemoteExecutor:
         return len(self._pending) + len(self._streams) + self._batches.sent
 
     def poll_if_alone(self, link: Link) -> None:
-        """Just after a send: when it is the only request in flight and the executor ran
-        nothing else when it last answered here (the lowest load), poll the channel for the
-        answer (``--channel-poll-us``) rather than sleep until the doorbell: a loop woken from
-        a sleep runs ~0.3-0.5 ms late on the H200 host. Under load the executor publishes what
-        else it runs, and a front end that holds one request of many does not spin for it."""
-        if self._poll_seconds and self.in_flight() == 1 and not link.endpoint.inbox.load():
-            link.poll_inbox(self._poll_seconds)
+        """Just after a send, at the lowest load: poll for the answer (``low_load.py``)."""
+        poll_for_answer(link, self.in_flight(), self._poll_seconds)
 
     def begin_shutdown(self) -> None:
         self._shutting_down = True
