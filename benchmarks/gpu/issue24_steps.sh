@@ -31,7 +31,9 @@
 # shellcheck source=../device_setup.sh
 . "$(dirname "$0")/../device_setup.sh"
 # run.py unpacks .whl/perf_analyzer.tgz itself (benchmarks/gpu/perfanalyzer.py).
-RUN="python3 benchmarks/gpu/run.py --frontends 12"
+# --batch-curve: the raw model's throughput at the batch sizes a server forms at c=256 (~28-36),
+# so that each point is also set beside the GPU at the batch it served (gpu_bench.md).
+RUN="python3 benchmarks/gpu/run.py --frontends 12 --batch-curve 16,24,32,40,48,64"
 SWEEP="--protocols pa_grpc_shm,pa_grpc_cuda_shm,pa_grpc,pa_http --concurrency 1,16,64,256
        --queue-delay-us 500 --pa-http-interval-ms 2000 --profile"
 # Run a command on one tree of an A/B: "base" (ab_base/src) or "head" (src/).

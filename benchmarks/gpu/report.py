@@ -119,6 +119,13 @@ def _model(model: str, entry: dict[str, Any], top: int) -> list[str]:
     lines.append(_raw(raw))
     lines += [*tables.headline(entry, ceiling), ""]
     lines += ["### Targets\n", *_targets(entry, raw, top), ""]
+    served = tables.at_served_batch(entry, raw.get("graph", {}).get("batch_curve", {}))
+    if served:
+        lines += [
+            "### At the batch size served (÷ the raw model's throughput there)\n",
+            *served,
+            "",
+        ]
     lines += ["### GPU memory\n", *tables.memory(entry), ""]
     split = tables.cpu_split(entry, top)
     if split:

@@ -5,6 +5,7 @@ its batches there (sizes, CUDA graph padding)."""
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 
@@ -189,5 +190,37 @@ def batches(entry: dict[str, Any], concurrency: int) -> list[str]:
             f"the most frequent sizes (rows x executions, mean compute infer) {listed}"
             + (f"; graph padding {padded}% of the rows run" if padded is not None else "")
             + "."
+        )
+    return lines
+
+
+def curve_at(curve: dict[str, float], batch: float) -> float | None:
+    """The raw graph throughput at ``batch`` rows, linear between the two measured sizes around
+    it (None outside the measured range: no extrapolation)."""
+    sizes = sorted((int(size), value) for size, value in curve.items())
+    for (low, at_low), (high, at_high) in itertools.pairwise(sizes):
+        if low <= batch <= high:
+            return at_low + (at_high - at_low) * (batch - low) / (high - low)
+    if sizes and batch == sizes[0][0]:
+        return sizes[0][1]
+    return None
+
+
+def at_served_batch(entry: dict[str, Any], curve: dict[str, float]) -> list[str]:
+    """Each infermux point beside what the raw model gives at the average batch it served: the
+    ceiling is measured at max_batch_size, a server's batches are smaller, so this splits the
+    gap into what the batch size costs the GPU and what serving costs besides."""
+    lines = []
+    for name, p in points(entry):
+        batch = p.get("avg_batch")
+        if not name.startswith("infermux") or not measured(p) or not batch:
+            continue
+        raw = curve_at(curve, batch)
+        if raw is None:
+            continue
+        lines.append(
+            f"- {name} {p['protocol']} c={p['concurrency']}: {fmt(p['items_per_s'], ',.0f')} "
+            f"items/s at an average batch of {batch:.1f}; the raw model at that batch "
+            f"{raw:,.0f} items/s: **{p['items_per_s'] / raw:.2f}x**."
         )
     return lines

@@ -202,3 +202,24 @@ def test_perf_analyzer_runs_with_the_environment_it_is_given(tmp_path: Path) -> 
     perfanalyzer.run(argv, log, warmup=0.01, timeout=30, env=env)
     assert "share 1" in log.read_text()
     assert "path set True" in log.read_text()  # added to the environment, not instead of it
+
+
+def test_each_point_is_set_beside_the_raw_model_at_the_batch_it_served() -> None:
+    tables = load("report_tables")
+    curve = {"16": 12_000.0, "32": 16_000.0, "64": 17_000.0}
+    assert tables.curve_at(curve, 24) == 14_000.0
+    assert tables.curve_at(curve, 16) == 12_000.0
+    assert tables.curve_at(curve, 64) == 17_000.0
+    assert tables.curve_at(curve, 8) is None  # below what was measured: not extrapolated
+    assert tables.curve_at(curve, 100) is None
+    served = {"protocol": "pa_grpc_shm", "concurrency": 256, "items_per_s": 12_600.0}
+    entry = {
+        "servers": {
+            "infermux": {"points": [{**served, "avg_batch": 24.0}, {**served, "avg_batch": 4.0}]},
+            "litserve": {"points": [{**served, "avg_batch": 24.0}]},
+        }
+    }
+    (line,) = tables.at_served_batch(entry, curve)
+    assert line.startswith("- infermux pa_grpc_shm c=256: 12,600 items/s")
+    assert "average batch of 24.0" in line
+    assert "14,000 items/s: **0.90x**" in line
