@@ -106,20 +106,19 @@ def test_unknown_command_exits_2() -> None:
     assert exited.value.code == 2
 
 
-def test_gpu_completion_spin_flag() -> None:
-    assert parse_settings([]).gpu_completion_spin_us == 2000
-    assert parse_settings(["--gpu-completion-spin-us", "0"]).gpu_completion_spin_us == 0
-    assert parse_settings(["--gpu-completion-spin-us", "500"]).gpu_completion_spin_us == 500
+@pytest.mark.parametrize(
+    ("flag", "setting"),
+    [
+        ("--gpu-completion-spin-us", "gpu_completion_spin_us"),
+        ("--channel-poll-us", "channel_poll_us"),
+    ],
+)
+def test_low_load_polling_flags(flag: str, setting: str) -> None:
+    assert getattr(parse_settings([]), setting) == 2000
+    assert getattr(parse_settings([flag, "0"]), setting) == 0
+    assert getattr(parse_settings([flag, "700"]), setting) == 700
     with pytest.raises(SystemExit):
-        parse_settings(["--gpu-completion-spin-us", "-1"])
-
-
-def test_channel_poll_flag() -> None:
-    assert parse_settings([]).channel_poll_us == 2000
-    assert parse_settings(["--channel-poll-us", "0"]).channel_poll_us == 0
-    assert parse_settings(["--channel-poll-us", "700"]).channel_poll_us == 700
-    with pytest.raises(SystemExit):
-        parse_settings(["--channel-poll-us", "-1"])
+        parse_settings([flag, "-1"])
 
 
 def test_observability_flags() -> None:

@@ -122,6 +122,15 @@ def test_a_muted_link_drops_its_backlog_and_stops_retrying(
     on_uvloop(main)
 
 
+async def polling(front: Endpoint, seconds: float) -> tuple[Link, list[bytes]]:
+    """A front end's link, started, polling its inbox for ``seconds``; and what it received."""
+    got: list[bytes] = []
+    link = Link(front, got.extend)
+    await asyncio.sleep(0.01)
+    link.poll_inbox(seconds)
+    return link, got
+
+
 def test_a_polled_inbox_delivers_a_frame_whose_doorbell_never_rang(
     ends: tuple[Endpoint, Endpoint],
 ) -> None:
@@ -129,10 +138,7 @@ def test_a_polled_inbox_delivers_a_frame_whose_doorbell_never_rang(
     front, executor = ends
 
     async def main() -> None:
-        got: list[bytes] = []
-        link = Link(front, got.extend)
-        await asyncio.sleep(0.01)
-        link.poll_inbox(0.5)
+        link, got = await polling(front, 0.5)
         await asyncio.sleep(0.005)
         assert executor.outbox.put(b"answer")
         deadline = time.monotonic() + 1
@@ -149,10 +155,7 @@ def test_the_inbox_poll_gives_up_after_its_budget(ends: tuple[Endpoint, Endpoint
     front, executor = ends
 
     async def main() -> None:
-        got: list[bytes] = []
-        link = Link(front, got.extend)
-        await asyncio.sleep(0.01)
-        link.poll_inbox(0.002)
+        link, got = await polling(front, 0.002)
         await asyncio.sleep(0.02)
         assert executor.outbox.put(b"late")  # no doorbell, and the poll is over
         await asyncio.sleep(0.02)
