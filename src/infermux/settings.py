@@ -212,7 +212,7 @@ class ServerSettings:
     channel_poll_us: int = DEFAULT_CHANNEL_POLL_US
     """At the lowest load, how long a front end polls its channel for its only request's
     answer, and the executor every channel for the next request, instead of sleeping until a
-    doorbell wakes it (``transport/link.py``; 0: never)."""
+    doorbell wakes it (``transport/low_load.py``; 0: never)."""
     trace: TraceSettings = field(default_factory=TraceSettings)
     http_max_input_size: int = DEFAULT_MAX_INPUT_SIZE
     http_limits: HttpLimits = field(default_factory=HttpLimits)
