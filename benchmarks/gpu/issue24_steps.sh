@@ -22,6 +22,8 @@
 #       so SO_REUSEPORT spreads 256 connections over the front ends, not ~43)
 #   bash benchmarks/gpu/issue24_steps.sh shm-check           (~20 s: benchmarks/gpu/cuda_shm_check.py)
 #   bash benchmarks/gpu/issue24_steps.sh tests-cuda          (~1 min: the CUDA-shm GPU tests only)
+#   bash benchmarks/gpu/issue24_steps.sh c1-floor            (~2 min: benchmarks/gpu/c1_floor.py, the
+#       c=1 latency of perf_analyzer against bare gRPC servers that only wait 0 or 900 µs)
 #   bash benchmarks/gpu/issue24_steps.sh ab-c1               (~5 min: c=1, delay 0, ResNet-50 over
 #       gRPC + shm and HTTP, --frontends 12 then 1, the tree in ab_base/src then this tree;
 #       AB_FRONTENDS and AB_PROTOCOLS narrow it)
@@ -86,6 +88,8 @@ for STEP in "$@"; do
               --pa-grpc-channel-share 1 --deadline 125 >"$R/share1.log" 2>&1 ;;
     shm-check) timeout 100 python3 benchmarks/gpu/cuda_shm_check.py \
                  --out "$R/cuda_shm_check.json" >"$R/shm-check.log" 2>&1 ;;
+    c1-floor) timeout 200 python3 benchmarks/gpu/c1_floor.py --work-us 0,900 \
+                --out "$R/c1_floor.json" >"$R/c1-floor.log" 2>&1 ;;
     tests-cuda) timeout 200 python3 -m pytest -m gpu tests/gpu/test_cuda_shm_gpu.py \
                   tests/gpu/test_cuda_micro_batch_gpu.py -q -p no:cacheprovider -rs \
                   >"$R/gpu-tests-cuda.log" 2>&1 ;;

@@ -223,3 +223,40 @@ def test_each_point_is_set_beside_the_raw_model_at_the_batch_it_served() -> None
     assert line.startswith("- infermux pa_grpc_shm c=256: 12,600 items/s")
     assert "average batch of 24.0" in line
     assert "14,000 items/s: **0.90x**" in line
+
+
+def test_the_c1_floor_server_speaks_enough_kserve_for_perf_analyzer(tmp_path: Path) -> None:
+    """benchmarks/gpu/c1_floor.py's bare server: metadata, config and an inference that echoes
+    its input, over tritonclient's gRPC client (perf_analyzer asks for the same)."""
+    import subprocess
+
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+
+    load("perfanalyzer")  # puts benchmarks/ (benchkit) on the path
+    benchkit: Any = importlib.import_module("benchkit")
+    free_port, stop_group = benchkit.free_port, benchkit.stop_group
+
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, str(HERE / "c1_floor.py"), "--serve", "aio", str(port), "4", "0", "spin"],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert server.stdout is not None
+        assert "ready" in server.stdout.readline()
+        client = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
+        assert client.get_model_metadata("floor").inputs[0].name == "INPUT0"
+        assert client.get_model_config("floor").config.max_batch_size == 8
+        x = np.arange(4, dtype=np.float32).reshape(1, 4)
+        infer_input = grpcclient.InferInput("INPUT0", [1, 4], "FP32")
+        infer_input.set_data_from_numpy(x)
+        result = client.infer("floor", [infer_input])
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), x)
+        client.close()
+    finally:
+        stop_group(server)
+        assert server.stdout is not None
+        server.stdout.close()

@@ -1,0 +1,241 @@
+"""The floor of c=1 latency on this host: perf_analyzer against a server that does nothing but wait.
+
+Issue 24's c=1 target is the raw batch-1 latency + 0.4 ms (gRPC + shm) or + 0.6 ms (HTTP). Part
+of any server's c=1 latency is not the server's: perf_analyzer's own send and receive, its
+thread's wake-up when the answer comes (a thread that slept about a millisecond runs 0.3-0.5 ms
+late on the H200 host, ``docs/decisions.md``), and the gRPC stack. This serves a bare KServe V2
+gRPC endpoint (grpc.aio on uvloop, as infermux's front ends, or grpcio's thread-pool server,
+whose handlers run on C-core's threads) for one model whose "inference" is a wait of
+``--work-us`` (spinning, as a server polling its GPU batch does, or sleeping), and drives it with
+perf_analyzer at c=1 over plain gRPC: p50 minus the work is what the client and the gRPC stack
+cost here, a floor for any Python gRPC server on this host. infermux's c=1 figures are set
+beside it.
+
+    python3 benchmarks/gpu/c1_floor.py --work-us 0,900 --out $OUT/c1_floor.json
+
+The model: ``floor``, one FP32 input and output of ``--elements`` elements (4 by default; the
+request's size is not the point here).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))  # benchmarks/: benchkit
+
+import perfanalyzer  # noqa: E402
+from benchkit import free_port, stop_group  # noqa: E402
+
+MODEL = "floor"
+SERVERS = ("aio", "sync")
+
+
+def _wait(seconds: float, spin: bool) -> None:
+    if not spin:
+        time.sleep(seconds)
+        return
+    until = time.perf_counter() + seconds
+    while time.perf_counter() < until:
+        pass
+
+
+def _servicer(elements: int, work_s: float, spin: bool, aio: bool) -> Any:
+    from tritonclient.grpc import model_config_pb2 as mc
+    from tritonclient.grpc import service_pb2 as pb
+    from tritonclient.grpc import service_pb2_grpc
+
+    tensor = {"datatype": "FP32", "shape": [1, elements]}
+    metadata = pb.ModelMetadataResponse(
+        name=MODEL,
+        versions=["1"],
+        platform="python",
+        inputs=[pb.ModelMetadataResponse.TensorMetadata(name="INPUT0", **tensor)],
+        outputs=[pb.ModelMetadataResponse.TensorMetadata(name="OUTPUT0", **tensor)],
+    )
+    config = pb.ModelConfigResponse(
+        config=mc.ModelConfig(
+            name=MODEL,
+            backend="python",
+            max_batch_size=8,
+            input=[mc.ModelInput(name="INPUT0", data_type=mc.TYPE_FP32, dims=[elements])],
+            output=[mc.ModelOutput(name="OUTPUT0", data_type=mc.TYPE_FP32, dims=[elements])],
+        )
+    )
+    answers: dict[str, Any] = {}
+
+    def answer(request: Any) -> Any:
+        _wait(work_s, spin)
+        response = pb.ModelInferResponse(model_name=MODEL, model_version="1", id=request.id)
+        out = response.outputs.add(name="OUTPUT0", datatype="FP32")
+        out.shape.extend(request.inputs[0].shape)
+        response.raw_output_contents.append(request.raw_input_contents[0])
+        return response
+
+    replies = {
+        "ServerLive": pb.ServerLiveResponse(live=True),
+        "ServerReady": pb.ServerReadyResponse(ready=True),
+        "ModelReady": pb.ModelReadyResponse(ready=True),
+        "ServerMetadata": pb.ServerMetadataResponse(name="floor", version="0", extensions=[]),
+        "ModelMetadata": metadata,
+        "ModelConfig": config,
+    }
+    base = service_pb2_grpc.GRPCInferenceServiceServicer
+    methods: dict[str, Any] = {}
+    for name, reply in replies.items():
+        if aio:
+
+            async def fixed(self: Any, request: Any, context: Any, reply: Any = reply) -> Any:
+                return reply
+
+        else:
+
+            def fixed(self: Any, request: Any, context: Any, reply: Any = reply) -> Any:  # type: ignore[misc]
+                return reply
+
+        methods[name] = fixed
+    if aio:
+
+        async def infer(self: Any, request: Any, context: Any) -> Any:
+            return answer(request)  # blocks the loop: at c=1 nothing else waits for it
+
+    else:
+
+        def infer(self: Any, request: Any, context: Any) -> Any:  # type: ignore[misc]
+            return answer(request)
+
+    methods["ModelInfer"] = infer
+    answers.update(methods)
+    return type("Floor", (base,), methods)()
+
+
+def serve(kind: str, port: int, elements: int, work_us: int, spin: bool) -> None:
+    """Run one floor server until killed (a child process of its own)."""
+    import grpc
+    from tritonclient.grpc import service_pb2_grpc
+
+    work_s = work_us / 1e6
+    if kind == "sync":
+        from concurrent import futures
+
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        servicer = _servicer(elements, work_s, spin, aio=False)
+        service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
+        server.add_insecure_port(f"127.0.0.1:{port}")
+        server.start()
+        print("ready", flush=True)
+        server.wait_for_termination()
+        return
+
+    async def main() -> None:
+        server = grpc.aio.server()
+        servicer = _servicer(elements, work_s, spin, aio=True)
+        service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
+        server.add_insecure_port(f"127.0.0.1:{port}")
+        await server.start()
+        print("ready", flush=True)
+        await server.wait_for_termination()
+
+    import uvloop
+
+    uvloop.run(main())
+
+
+def measure(
+    pa: list[str], kind: str, work_us: int, *, spin: bool, args: argparse.Namespace, work: Path
+) -> dict[str, Any]:
+    port = free_port()
+    command = [sys.executable, __file__, "--serve", kind, str(port), str(args.elements)]
+    command += [str(work_us), "spin" if spin else "sleep"]
+    server = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        assert server.stdout is not None
+        line = server.stdout.readline()
+        if "ready" not in line:
+            return {"error": f"the floor server did not start: {line}{server.stdout.read()}"}
+        data = work / "input.json"
+        values = [0.5] * args.elements
+        data.write_text(json.dumps({"data": [{"INPUT0": values}]}))
+        stem = f"pa-{kind}-{work_us}-{'spin' if spin else 'sleep'}"
+        argv = perfanalyzer.command(
+            pa,
+            model=MODEL,
+            url=f"127.0.0.1:{port}",
+            protocol="pa_grpc",
+            concurrency=1,
+            input_data=data,
+            csv_path=work / f"{stem}.csv",
+            interval_ms=args.interval_ms,
+            stability=25,
+            max_trials=5,
+            extra=[],
+        )
+        result = perfanalyzer.run(argv, work / f"{stem}.log", warmup=1.0, timeout=120)
+        return {"pa_command": " ".join(argv), **result}
+    finally:
+        stop_group(server)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--work-us", default="0,900", help="the model's wait, comma-separated")
+    parser.add_argument("--servers", default="aio,sync", help=f"of {', '.join(SERVERS)}")
+    parser.add_argument("--waits", default="spin,sleep", help="spin, sleep or both")
+    parser.add_argument("--elements", type=int, default=4)
+    parser.add_argument("--interval-ms", type=int, default=3000)
+    parser.add_argument("--perf-analyzer", default="")
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--serve", nargs=5, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve:
+        kind, port, elements, work_us, wait = args.serve
+        serve(kind, int(port), int(elements), int(work_us), wait == "spin")
+        return
+    pa, found = perfanalyzer.locate(args.perf_analyzer, HERE.parents[1])
+    if pa is None:
+        raise SystemExit(found)
+    rows = []
+    work = Path(tempfile.mkdtemp(prefix="c1-floor-"))
+    try:
+        for kind in args.servers.split(","):
+            for work_us in (int(w) for w in args.work_us.split(",")):
+                for wait in args.waits.split(","):
+                    if work_us == 0 and wait == "sleep":
+                        continue  # no wait at all: the spin row says it
+                    reading = measure(pa, kind, work_us, spin=wait == "spin", args=args, work=work)
+                    p50 = reading.get("p50_ms")
+                    row = {"server": kind, "work_us": work_us, "wait": wait, **reading}
+                    if p50 is not None:
+                        row["p50_over_work_ms"] = round(p50 - work_us / 1000, 3)
+                    rows.append(row)
+                    print(
+                        f"{kind:5} work {work_us:5d} us ({wait:5}): p50 {fmt(p50)} ms, "
+                        f"p99 {fmt(reading.get('p99_ms'))} ms, over the work "
+                        f"{fmt(row.get('p50_over_work_ms'))} ms {reading.get('error', '')}",
+                        flush=True,
+                    )
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    document = {"perf_analyzer": found, "elements": args.elements, "rows": rows}
+    if args.out:
+        args.out.write_text(json.dumps(document, indent=2) + "\n")
+
+
+def fmt(value: Any) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+if __name__ == "__main__":
+    main()
