@@ -8,8 +8,10 @@ gRPC endpoint (grpc.aio on uvloop, as infermux's front ends, or grpcio's thread-
 whose handlers run on C-core's threads) for one model whose "inference" is a wait of
 ``--work-us`` (spinning, as a server polling its GPU batch does, or sleeping), and drives it with
 perf_analyzer at c=1 over plain gRPC: p50 minus the work is what the client and the gRPC stack
-cost here, a floor for any Python gRPC server on this host. infermux's c=1 figures are set
-beside it.
+cost here, a floor for any Python gRPC server on this host. ``infermux-f1``/``infermux-f2``
+serve the same model with ``infermux serve --frontends 1``/``2`` (a Python model that spins the
+wait on its instance thread, ``max_queue_delay_microseconds: 0``): what infermux adds over the
+floor, and the front end <-> executor hop.
 
     python3 benchmarks/gpu/c1_floor.py --work-us 0,900 --out $OUT/c1_floor.json
 
@@ -21,10 +23,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -37,7 +41,28 @@ import perfanalyzer  # noqa: E402
 from benchkit import free_port, stop_group  # noqa: E402
 
 MODEL = "floor"
-SERVERS = ("aio", "sync")
+SERVERS = ("aio", "sync", "infermux-f1", "infermux-f2")
+INFERMUX_MODEL = """
+import time
+from typing import Any
+
+WORK_S = {work_s}
+
+
+class Model:
+    def execute(self, requests: list[Any]) -> list[Any]:
+        until = time.perf_counter() + WORK_S
+        while time.perf_counter() < until:
+            pass
+        return [{{"OUTPUT0": r.inputs["INPUT0"]}} for r in requests]
+"""
+INFERMUX_CONFIG = """name: "floor"
+backend: "python"
+max_batch_size: 8
+input [ {{ name: "INPUT0", data_type: TYPE_FP32, dims: [ {elements} ] }} ]
+output [ {{ name: "OUTPUT0", data_type: TYPE_FP32, dims: [ {elements} ] }} ]
+dynamic_batching {{ max_queue_delay_microseconds: 0 }}
+"""
 
 
 def _wait(seconds: float, spin: bool) -> None:
@@ -154,17 +179,33 @@ def measure(
     pa: list[str], kind: str, work_us: int, *, spin: bool, args: argparse.Namespace, work: Path
 ) -> dict[str, Any]:
     port = free_port()
-    command = [sys.executable, __file__, "--serve", kind, str(port), str(args.elements)]
-    command += [str(work_us), "spin" if spin else "sleep"]
+    if kind.startswith("infermux"):
+        repo = work / f"repo-{work_us}"
+        (repo / MODEL / "1").mkdir(parents=True, exist_ok=True)
+        (repo / MODEL / "config.pbtxt").write_text(INFERMUX_CONFIG.format(elements=args.elements))
+        source = INFERMUX_MODEL.format(work_s=work_us / 1e6)
+        (repo / MODEL / "1" / "model.py").write_text(source)
+        command = [sys.executable, "-m", "infermux", "serve", "--model-repository", str(repo),
+                   "--host", "127.0.0.1", "--http-port", "0", "--grpc-port", str(port),
+                   "--metrics-port", "-1", "--frontends", kind.rpartition("-f")[2],
+                   *shlex.split(args.infermux_args)]  # fmt: skip
+    else:
+        command = [sys.executable, __file__, "--serve", kind, str(port), str(args.elements)]
+        command += [str(work_us), "spin" if spin else "sleep"]
     server = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         start_new_session=True,
     )  # fmt: skip
     try:
         assert server.stdout is not None
-        line = server.stdout.readline()
-        if "ready" not in line:
-            return {"error": f"the floor server did not start: {line}{server.stdout.read()}"}
+        seen = []
+        for line in server.stdout:  # infermux logs its start-up before the ready line
+            seen.append(line)
+            if "ready" in line:
+                break
+        else:
+            return {"error": f"the server did not start: {''.join(seen)[-2000:]}"}
+        threading.Thread(target=server.stdout.read, daemon=True).start()  # never block it
         data = work / "input.json"
         values = [0.5] * args.elements
         data.write_text(json.dumps({"data": [{"INPUT0": values}]}))
@@ -191,11 +232,12 @@ def measure(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work-us", default="0,900", help="the model's wait, comma-separated")
-    parser.add_argument("--servers", default="aio,sync", help=f"of {', '.join(SERVERS)}")
+    parser.add_argument("--servers", default=",".join(SERVERS), help=f"of {', '.join(SERVERS)}")
     parser.add_argument("--waits", default="spin,sleep", help="spin, sleep or both")
     parser.add_argument("--elements", type=int, default=4)
     parser.add_argument("--interval-ms", type=int, default=3000)
     parser.add_argument("--perf-analyzer", default="")
+    parser.add_argument("--infermux-args", default="", help="more `infermux serve` flags")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--serve", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -212,8 +254,8 @@ def main() -> None:
         for kind in args.servers.split(","):
             for work_us in (int(w) for w in args.work_us.split(",")):
                 for wait in args.waits.split(","):
-                    if work_us == 0 and wait == "sleep":
-                        continue  # no wait at all: the spin row says it
+                    if (work_us == 0 or kind.startswith("infermux")) and wait == "sleep":
+                        continue  # no wait at all, or infermux's model: the spin row says it
                     reading = measure(pa, kind, work_us, spin=wait == "spin", args=args, work=work)
                     p50 = reading.get("p50_ms")
                     row = {"server": kind, "work_us": work_us, "wait": wait, **reading}

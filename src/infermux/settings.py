@@ -27,6 +27,7 @@ MAX_EXECUTORS = 16
 DEFAULT_IPC_ARENA_MB = 256
 DEFAULT_GPU_COMPLETION_SPIN_US = 2000  # the loop polls a batch launched on an idle GPU this long
 DEFAULT_CHANNEL_POLL_US = 2000  # each side of a channel polls for what it waits for at c=1
+CHANNEL_POLL_MIN_CORES = 4  # below: the two spinning processes crowd the client (p99 2.0 -> 5 ms)
 DEFAULT_FRONTEND_HEARTBEAT_TIMEOUT = 5.0  # seconds a front end may leave the heartbeat unanswered
 IPC_RING_BYTES = 4 * 2**20  # each of a channel's two rings (infermux.ipc.channel)
 
@@ -56,15 +57,28 @@ def auto_frontends(
     more than /dev/shm holds channels for (one process when it holds fewer than two)."""
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return 1  # the shared-memory ring needs x86-64's store ordering (docs/decisions.md)
-    if cores is None:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    cores = cores or 1
+    cores = usable_cores() if cores is None else cores
     wanted = 1 if cores < 8 else min(8, cores // 4)
     free = shared_memory_free() if shm_free is None else shm_free
     if free is not None:
         fits = free // channel_bytes(ipc_arena_mb)
         wanted = min(wanted, fits) if fits >= 2 else 1
     return wanted
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity), at least 1."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return cores or 1
+
+
+def default_channel_poll_us(cores: int | None = None) -> int:
+    """``--channel-poll-us`` when not given: :data:`DEFAULT_CHANNEL_POLL_US` with at least
+    :data:`CHANNEL_POLL_MIN_CORES` cores, 0 (never poll) below. At c=1 a front end and the
+    executor both spin while they poll; on a 2-core machine with two front ends that took the
+    client's cores and doubled its p99 (2.0-3.1 -> 4.9-5.4 ms, ``docs/decisions.md``)."""
+    cores = usable_cores() if cores is None else cores
+    return DEFAULT_CHANNEL_POLL_US if cores >= CHANNEL_POLL_MIN_CORES else 0
 
 
 def builtin_repository() -> Path:
@@ -209,10 +223,11 @@ class ServerSettings:
     gpu_completion_spin_us: int = DEFAULT_GPU_COMPLETION_SPIN_US
     """How long the event loop polls a GPU batch launched while no other was in flight, instead
     of sleeping until the completion thread wakes it (``runtime/completions.py``; 0: never)."""
-    channel_poll_us: int = DEFAULT_CHANNEL_POLL_US
+    channel_poll_us: int = field(default_factory=default_channel_poll_us)
     """At the lowest load, how long a front end polls its channel for its only request's
     answer, and the executor every channel for the next request, instead of sleeping until a
-    doorbell wakes it (``transport/low_load.py``; 0: never)."""
+    doorbell wakes it (``transport/low_load.py``; 0: never; by default 2000 with 4 cores or
+    more, else 0: :func:`default_channel_poll_us`)."""
     trace: TraceSettings = field(default_factory=TraceSettings)
     http_max_input_size: int = DEFAULT_MAX_INPUT_SIZE
     http_limits: HttpLimits = field(default_factory=HttpLimits)

@@ -19,6 +19,7 @@ from infermux.cli.option_types import (
 from infermux.cli.process_options import add_process_arguments
 from infermux.cli.triton_flags import add_triton_arguments, triton_settings
 from infermux.settings import (
+    CHANNEL_POLL_MIN_CORES,
     DEFAULT_CHANNEL_POLL_US,
     DEFAULT_GPU_COMPLETION_SPIN_US,
     DEFAULT_GRPC_MAX_MESSAGE_SIZE,
@@ -34,6 +35,7 @@ from infermux.settings import (
     auto_frontends,
     builtin_repositories,
     builtin_repository,
+    default_channel_poll_us,
     parse_trace_config,
 )
 
@@ -172,12 +174,13 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> argparse.ArgumentPars
     serve.add_argument(
         "--channel-poll-us",
         type=non_negative_int,
-        default=DEFAULT_CHANNEL_POLL_US,
+        default=None,
         metavar="US",
         help="with --frontends > 1, at the lowest load (one request at a time) a front end polls "
         "its channel for the answer, and the executor every channel for the next request, for "
         "up to this long instead of sleeping until woken: lower latency at c=1 for CPU while "
-        f"they poll (default {DEFAULT_CHANNEL_POLL_US}; 0: never)",
+        f"they poll (default {DEFAULT_CHANNEL_POLL_US} with {CHANNEL_POLL_MIN_CORES} cores or "
+        "more, else 0: never)",
     )
     serve.add_argument(
         "--trace-config",
@@ -315,7 +318,9 @@ def parse_serve(argv: Sequence[str]) -> tuple[ServerSettings, list[str]]:
         allow_metrics=args.allow_metrics,
         allow_gpu_metrics=args.allow_gpu_metrics,
         gpu_completion_spin_us=args.gpu_completion_spin_us,
-        channel_poll_us=args.channel_poll_us,
+        channel_poll_us=(
+            default_channel_poll_us() if args.channel_poll_us is None else args.channel_poll_us
+        ),
         trace=trace,
         http_max_input_size=args.http_max_input_size,
         http_limits=http_limits(args),

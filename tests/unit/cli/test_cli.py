@@ -8,9 +8,11 @@ from infermux import __version__
 from infermux.cli import auto_executors, main, parse_settings
 from infermux.settings import (
     HttpLimits,
+    ServerSettings,
     TraceSettings,
     builtin_repositories,
     builtin_repository,
+    default_channel_poll_us,
     parse_trace_config,
 )
 
@@ -114,11 +116,21 @@ def test_unknown_command_exits_2() -> None:
     ],
 )
 def test_low_load_polling_flags(flag: str, setting: str) -> None:
-    assert getattr(parse_settings([]), setting) == 2000
+    default = default_channel_poll_us() if setting == "channel_poll_us" else 2000
+    assert getattr(parse_settings([]), setting) == default
     assert getattr(parse_settings([flag, "0"]), setting) == 0
     assert getattr(parse_settings([flag, "700"]), setting) == 700
     with pytest.raises(SystemExit):
         parse_settings([flag, "-1"])
+
+
+def test_the_channel_polls_by_default_only_with_cores_to_spare() -> None:
+    """Both ends of a channel spin while they poll: on 2 cores that took the client's CPU."""
+    assert default_channel_poll_us(2) == 0
+    assert default_channel_poll_us(3) == 0
+    assert default_channel_poll_us(4) == 2000
+    assert default_channel_poll_us(16) == 2000
+    assert ServerSettings().channel_poll_us == default_channel_poll_us()
 
 
 def test_observability_flags() -> None:
