@@ -34,12 +34,12 @@ import ctypes
 import errno
 import logging
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 from infermux.runtime.driver import DRIVER, DriverError
+from infermux.runtime.loop_polling import poll_each_iteration
 from infermux.settings import DEFAULT_GPU_COMPLETION_SPIN_US
 
 logger = logging.getLogger(__name__)
@@ -86,7 +86,7 @@ class Completions:
         batch stops costing CPU after 2 ms and is reported by the completion thread."""
         self.polled = 0
         """Batches the loop's polling reported (a figure for benchmarks and tests)."""
-        self._polling_until = 0.0  # perf_counter: a poll runs until then (one at a time)
+        self._polling = False  # one poll at a time
 
     def watch(self, stream_handle: int, event: Event, done: Callable[[], None]) -> None:
         """Call ``done()`` once (on the completion thread, or on the running loop if it polls
@@ -111,32 +111,24 @@ class Completions:
         """Poll ``watch``'s event once per iteration of the running loop (if any) until it
         completes, for at most :attr:`spin_seconds`; report it if the completion thread did not
         yet. One poll at a time: a new one starts only once the last has ended."""
-        now = time.perf_counter()
-        if self.spin_seconds <= 0 or now < self._polling_until:
+        if self.spin_seconds <= 0 or self._polling:
             return
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # launched outside a loop: the completion thread reports it
             return
-        give_up = self._polling_until = now + self.spin_seconds
+        self._polling = True
 
-        def poll() -> None:
-            try:
-                finished = watch.event.query()
-            except Exception:  # the completion thread's own query will meet it and say so
-                self._polling_until = 0.0
-                return
-            if finished:
-                self._polling_until = 0.0
-                if self._claim(watch):
-                    self.polled += 1
-                    _report(watch)
-            elif time.perf_counter() < give_up:
-                loop.call_soon(poll)
-            else:
-                self._polling_until = 0.0
+        def ended() -> None:
+            self._polling = False
 
-        loop.call_soon(poll)
+        def finished() -> None:
+            if self._claim(watch):
+                self.polled += 1
+                _report(watch)
+
+        # A query that fails ends the poll: the completion thread's own query meets it.
+        poll_each_iteration(loop, self.spin_seconds, watch.event.query, finished, ended)
 
     def _claim(self, watch: _Watch) -> bool:
         """Take ``watch`` off the watched list: True for the one caller that may report it."""

@@ -13,12 +13,12 @@ import asyncio
 import collections
 import contextlib
 import logging
-import time
 from collections.abc import Callable
 
 from infermux.errors import InvalidArgumentError, UnavailableError
 from infermux.ipc import Block, Endpoint
 from infermux.ipc.wire import WireTensor, arena_bytes, write_tensor
+from infermux.runtime.loop_polling import poll_each_iteration
 from infermux.types import Tensor, uses_shared_memory
 
 logger = logging.getLogger(__name__)
@@ -71,21 +71,19 @@ class Link:
         if self._polling or seconds <= 0:
             return
         self._polling = True
-        give_up = time.perf_counter() + seconds
         inbox = self.endpoint.inbox
 
-        def poll() -> None:
-            if self.closed:
-                self._polling = False
-            elif inbox.pending():
-                self._polling = False
-                self._drain()
-            elif time.perf_counter() < give_up:
-                self._loop.call_soon(poll)
-            else:
-                self._polling = False
+        def ended() -> None:
+            self._polling = False
 
-        self._loop.call_soon(poll)
+        def ready() -> bool:
+            return self.closed or inbox.pending()
+
+        def arrived() -> None:
+            if not self.closed:
+                self._drain()
+
+        poll_each_iteration(self._loop, seconds, ready, arrived, ended)
 
     # -- sending ----------------------------------------------------------------------------------
 
