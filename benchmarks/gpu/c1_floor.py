@@ -30,6 +30,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -96,7 +97,6 @@ def _servicer(elements: int, work_s: float, spin: bool, aio: bool) -> Any:
             output=[mc.ModelOutput(name="OUTPUT0", data_type=mc.TYPE_FP32, dims=[elements])],
         )
     )
-    answers: dict[str, Any] = {}
 
     def answer(request: Any) -> Any:
         _wait(work_s, spin)
@@ -114,32 +114,25 @@ def _servicer(elements: int, work_s: float, spin: bool, aio: bool) -> Any:
         "ModelMetadata": metadata,
         "ModelConfig": config,
     }
-    base = service_pb2_grpc.GRPCInferenceServiceServicer
-    methods: dict[str, Any] = {}
-    for name, reply in replies.items():
+
+    def handler(reply: Callable[[Any], Any]) -> Any:
+        """A servicer method answering ``reply(request)``: a coroutine for grpc.aio (it blocks
+        the loop: at c=1 nothing else waits for it), a plain function for the thread pool."""
         if aio:
 
-            async def fixed(self: Any, request: Any, context: Any, reply: Any = reply) -> Any:
-                return reply
+            async def call(self: Any, request: Any, context: Any) -> Any:
+                return reply(request)
 
-        else:
+            return call
 
-            def fixed(self: Any, request: Any, context: Any, reply: Any = reply) -> Any:  # type: ignore[misc]
-                return reply
+        def plain(self: Any, request: Any, context: Any) -> Any:
+            return reply(request)
 
-        methods[name] = fixed
-    if aio:
+        return plain
 
-        async def infer(self: Any, request: Any, context: Any) -> Any:
-            return answer(request)  # blocks the loop: at c=1 nothing else waits for it
-
-    else:
-
-        def infer(self: Any, request: Any, context: Any) -> Any:  # type: ignore[misc]
-            return answer(request)
-
-    methods["ModelInfer"] = infer
-    answers.update(methods)
+    methods = {name: handler(lambda _, fixed=fixed: fixed) for name, fixed in replies.items()}
+    methods["ModelInfer"] = handler(answer)
+    base = service_pb2_grpc.GRPCInferenceServiceServicer
     return type("Floor", (base,), methods)()
 
 
