@@ -22,6 +22,8 @@
 #       so SO_REUSEPORT spreads 256 connections over the front ends, not ~43)
 #   bash benchmarks/gpu/issue24_steps.sh shm-check           (~20 s: benchmarks/gpu/cuda_shm_check.py)
 #   bash benchmarks/gpu/issue24_steps.sh tests-cuda          (~1 min: the CUDA-shm GPU tests only)
+#   bash benchmarks/gpu/issue24_steps.sh copy-check          (~30 s: benchmarks/gpu/copy_check.py,
+#       a batch's per-request copies queued one driver call each or in one cuMemcpyBatchAsync)
 #   bash benchmarks/gpu/issue24_steps.sh c1-floor            (~2 min: benchmarks/gpu/c1_floor.py, the
 #       c=1 latency of perf_analyzer against bare gRPC servers that only wait 0 or 900 µs)
 #   bash benchmarks/gpu/issue24_steps.sh ab-c1               (~5 min: c=1, delay 0, ResNet-50 over
@@ -90,6 +92,8 @@ for STEP in "$@"; do
                  --out "$R/cuda_shm_check.json" >"$R/shm-check.log" 2>&1 ;;
     c1-floor) timeout 200 python3 benchmarks/gpu/c1_floor.py --work-us 0,900 \
                 --out "$R/c1_floor.json" >"$R/c1-floor.log" 2>&1 ;;
+    copy-check) timeout 100 python3 benchmarks/gpu/copy_check.py \
+                  --out "$R/copy_check.json" >"$R/copy-check.log" 2>&1 ;;
     tests-cuda) timeout 200 python3 -m pytest -m gpu tests/gpu/test_cuda_shm_gpu.py \
                   tests/gpu/test_cuda_micro_batch_gpu.py -q -p no:cacheprovider -rs \
                   >"$R/gpu-tests-cuda.log" 2>&1 ;;

@@ -38,7 +38,7 @@ from infermux.runtime import (
     StagingBuffers,
     graph_buckets,
 )
-from infermux.runtime.driver import DRIVER
+from infermux.runtime.driver import DRIVER, Copy
 from infermux.runtime.host_memory import HOST_MEMORY
 from infermux.runtime.streams import Priority
 from infermux.types import DeviceArray, numpy_dtype
@@ -139,14 +139,14 @@ class GpuPath:
                     gpu = [part for r in requests for part in parts_of(r.device_inputs[key])]
                     if all(part.device_id == device_id for part in gpu):
                         parts = [(part.pointer, part.nbytes) for part in gpu]
-                        DRIVER.gather_to_device(target.data_ptr(), parts, handle, from_host=False)
+                        DRIVER.gather_to_device(target.data_ptr(), parts, handle)
                     else:
                         _gather(gpu, target)
                     continue
                 arrays = [r.inputs[key] for r in requests]
                 host = _pinned_parts(arrays)
                 if host is not None:
-                    DRIVER.gather_to_device(target.data_ptr(), host, handle, from_host=True)
+                    DRIVER.gather_to_device(target.data_ptr(), host, handle)
                 else:
                     self.staging.upload_into(key, self._stacked(key, arrays), target)
             graph.graph.replay()
@@ -322,9 +322,11 @@ def _write_device_outputs(
     What every request shares (the output's address, row size and dtype) is read once per
     batch: per request only pointer arithmetic and its own places' checks remain. Slicing the
     output per request and numpy's shape products cost ~13 µs a request on the event loop (a
-    batch of 36: 450 µs, now 29 µs; ``benchmarks/ipc/device_outputs.py`` on the CPU)."""
+    batch of 36: 450 µs, now 29 µs; ``benchmarks/ipc/device_outputs.py`` on the CPU). All the
+    batch's copies go to the driver in one call (:meth:`~infermux.runtime.driver.Driver.copy`)."""
     rows_of: dict[str, tuple[int, int, torch.dtype] | None] = {}
     dtypes: dict[np.dtype[Any], torch.dtype] = {}
+    copies: list[Copy] = []
     start = 0
     for request in requests:
         count = request.batch_size
@@ -340,19 +342,22 @@ def _write_device_outputs(
                 dtypes[wanted] = torch_dtype(wanted)
             if dtypes[wanted] != dtype:
                 continue
-            targets = []
+            mine = []
             rows = 0
+            source = address + start * row_bytes
             for part in destination.parts:
                 nbytes = part.nbytes
                 if part.device_id != device_id or nbytes != part.shape[0] * row_bytes:
                     break
-                targets.append((part.pointer, nbytes))
+                mine.append((part.pointer, source, nbytes))
+                source += nbytes
                 rows += part.shape[0]
             else:
                 if rows == count:
-                    DRIVER.scatter_from_device(address + start * row_bytes, targets, stream)
+                    copies.extend(mine)
                     request.outputs_on_device.add(key)
         start += count
+    DRIVER.copy(copies, stream)  # one driver call for the batch
 
 
 def _output_rows(value: torch.Tensor | None) -> tuple[int, int, torch.dtype] | None:

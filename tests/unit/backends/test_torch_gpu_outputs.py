@@ -1,7 +1,7 @@
 """Which requests' outputs a CUDA-graph batch copies straight into their clients' CUDA
 shared memory (``torch_gpu._write_device_outputs``), checked on the CPU: the graph's outputs are
-CPU tensors and the driver's device-to-device copy is recorded instead of made. An output whose
-places do not take its bytes exactly is left to the host path."""
+CPU tensors and the driver's device-to-device copies are recorded instead of made: one call per
+batch. An output whose places do not take its bytes exactly is left to the host path."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 
 from infermux.backends import torch_gpu  # noqa: E402
 from infermux.backends.base import DeviceParts, ModelRequest  # noqa: E402
-from infermux.runtime.driver import DRIVER  # noqa: E402
+from infermux.runtime.driver import DRIVER, Copy  # noqa: E402
 from infermux.types import DeviceArray  # noqa: E402
 
 ROW = 768 * 2  # bytes of one FP16 row of the output below
@@ -27,14 +27,15 @@ class Graph:
 
 
 @pytest.fixture
-def copies(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, list[tuple[int, int]], int]]:
-    made: list[tuple[int, list[tuple[int, int]], int]] = []
+def copies(monkeypatch: pytest.MonkeyPatch) -> list[tuple[list[Copy], int]]:
+    """Each call to the driver: (its copies, the stream); a call with no copies is skipped."""
+    made: list[tuple[list[Copy], int]] = []
 
-    def scatter(source: int, parts: Any, stream: int) -> int:
-        made.append((source, list(parts), stream))
-        return 0
+    def copy(batch: Any, stream: int) -> None:
+        if batch:
+            made.append((list(batch), stream))
 
-    monkeypatch.setattr(DRIVER, "scatter_from_device", scatter)
+    monkeypatch.setattr(DRIVER, "copy", copy)
     return made
 
 
@@ -64,9 +65,15 @@ def test_each_request_gets_its_own_rows(copies: list[Any]) -> None:
     ]
     torch_gpu._write_device_outputs(g, requests, 7, 0)  # type: ignore[arg-type]
     assert copies == [
-        (base, [(1000, ROW)], 7),
-        (base + ROW, [(2000, ROW), (3000, 2 * ROW)], 7),
-        (base + 5 * ROW, [(4000, ROW)], 7),
+        (
+            [
+                (1000, base, ROW),
+                (2000, base + ROW, ROW),
+                (3000, base + 2 * ROW, 2 * ROW),
+                (4000, base + 5 * ROW, ROW),
+            ],
+            7,
+        )
     ]
     assert [r.outputs_on_device for r in requests] == [{"pooled"}, {"pooled"}, set(), {"pooled"}]
 
@@ -87,7 +94,7 @@ def test_places_that_do_not_take_the_bytes_exactly_go_the_host_way(
     odd = request(pooled=places)
     g = graph()
     torch_gpu._write_device_outputs(g, [odd, fits], 0, 0)  # type: ignore[arg-type]
-    assert copies == [(g.outputs["pooled"].data_ptr() + ROW, [(5000, ROW)], 0)]
+    assert copies == [([(5000, g.outputs["pooled"].data_ptr() + ROW, ROW)], 0)]
     assert odd.outputs_on_device == set()
     assert fits.outputs_on_device == {"pooled"}
 
