@@ -186,6 +186,9 @@ class SharedRegions:
     """One input and one output system shared-memory region per slot, registered once (through
     the synchronous gRPC client, before the load starts) and removed at the end."""
 
+    PER_SLOT = 2
+    """Regions a slot registers: what a server's region limit must allow per slot."""
+
     def __init__(self, target: Target, spec: ModelSpec, ref: dict[str, npt.NDArray[Any]]) -> None:
         self._target, self._spec, self._ref = target, spec, ref
         self._prefix = f"{SHM_PREFIX}_{os.getpid()}"
@@ -207,6 +210,17 @@ class SharedRegions:
         in_bytes = sum(t.item_bytes for t in self._spec.inputs)
         out_bytes = self._spec.output.item_bytes
         arrays = [self._ref[t.name] for t in self._spec.inputs]
+        try:
+            self._create(slots, in_bytes, out_bytes, arrays)
+        except BaseException:
+            self.destroy()  # a refused registration must not leak the regions made so far
+            raise
+
+    def _create(
+        self, slots: int, in_bytes: int, out_bytes: int, arrays: list[npt.NDArray[Any]]
+    ) -> None:
+        import tritonclient.utils.shared_memory as shm
+
         for slot in range(slots):
             for name, size, handles in (
                 (self.input_name(slot), in_bytes, self._inputs),

@@ -42,7 +42,7 @@ import cprofiling
 import cpuroles
 import perfanalyzer
 import pyspy
-from clients import Target
+from clients import SharedRegions, Target
 from loadgen import run_point
 from nvml import Nvml
 from procs import get_json
@@ -297,6 +297,7 @@ class Bench:
                 log,
                 frontends=self.frontends[name],
                 executors=args.executors,
+                max_shm_regions=shm_regions(args.concurrency),
                 env=cprofiling.server_env(self.work / "cprofile")
                 if args.profile_cprofile
                 else None,
@@ -590,6 +591,13 @@ def interval_ms(args: argparse.Namespace, protocol: str) -> int:
     if protocol == "pa_http" and args.pa_http_interval_ms:
         return int(args.pa_http_interval_ms)
     return int(args.pa_interval_ms)
+
+
+def shm_regions(concurrency: list[int]) -> int:
+    """The server's shared-memory region limit for a run: the loadgen warm-up at the top
+    concurrency registers two regions per slot (perf_analyzer fewer), beyond infermux's default
+    of 256 at c=256 (every warm-up there failed with "256 regions are registered" until this)."""
+    return max(256, SharedRegions.PER_SLOT * max(concurrency) + 64)
 
 
 def point_s(args: argparse.Namespace, protocol: str) -> tuple[float, float]:

@@ -48,6 +48,7 @@ def start_infermux(
     frontends: int = 1,
     executors: int = 1,
     env: dict[str, str] | None = None,
+    max_shm_regions: int = 256,
 ) -> Server:
     command = [
         sys.executable,
@@ -66,6 +67,8 @@ def start_infermux(
         "0",
         "--allow-client-shm",
         "true",
+        "--max-shm-regions",
+        str(max_shm_regions),
         "--frontends",
         str(frontends),
         "--executors",

@@ -260,3 +260,47 @@ def test_the_c1_floor_server_speaks_enough_kserve_for_perf_analyzer(tmp_path: Pa
         stop_group(server)
         assert server.stdout is not None
         server.stdout.close()
+
+
+def test_a_run_lets_the_warm_up_register_two_regions_per_slot_at_its_top_concurrency() -> None:
+    # Every c=256 warm-up over gRPC + shm failed with "256 regions are registered" (infermux's
+    # default limit) and so verified no answer: the bench now raises the limit to fit.
+    run = load("run")
+    clients = load("clients")
+    assert clients.SharedRegions.PER_SLOT == 2
+    assert run.shm_regions([1, 16, 64, 256]) >= 2 * 256
+    assert run.shm_regions([1, 16]) == 256  # never below the server's default
+
+
+def test_a_refused_registration_leaves_no_region_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+
+    import tritonclient.grpc as grpcclient
+
+    clients, specs = load("clients"), load("specs")
+
+    class Refusing:
+        """A server that takes three registrations, then refuses (its region limit)."""
+
+        def __init__(self, url: str) -> None:
+            self.registered: list[str] = []
+
+        def register_system_shared_memory(self, name: str, key: str, size: int) -> None:
+            if len(self.registered) == 3:
+                raise RuntimeError("256 regions are registered")
+            self.registered.append(name)
+
+        def unregister_system_shared_memory(self, name: str) -> None:
+            self.registered.remove(name)
+
+    monkeypatch.setattr(grpcclient, "InferenceServerClient", Refusing)
+    spec = specs.model_spec("resnet50", True)
+    target = clients.Target("grpc_shm", "resnet50", True, str(tmp_path), grpc_target="x:1")
+    regions = clients.SharedRegions(target, spec, specs.reference_inputs(spec))
+    prefix = f"{clients.SHM_PREFIX}_{os.getpid()}_"
+    with pytest.raises(RuntimeError, match="256 regions"):
+        regions.create(4)
+    assert regions._client.registered == []
+    assert not [name for name in os.listdir("/dev/shm") if name.startswith(prefix)]
