@@ -204,7 +204,6 @@ class SharedRegions:
 
     def create(self, slots: int) -> None:
         import tritonclient.grpc as grpcclient
-        import tritonclient.utils.shared_memory as shm
 
         self._client = grpcclient.InferenceServerClient(self._target.grpc_target)
         in_bytes = sum(t.item_bytes for t in self._spec.inputs)

@@ -34,10 +34,10 @@ def measure(requests_per_batch: int) -> float:
 
     from infermux.backends import torch_gpu
     from infermux.backends.base import DeviceParts, ModelRequest
-    from infermux.runtime.driver import DRIVER
+    from infermux.runtime.gather_kernel import GATHER
     from infermux.types import DeviceArray
 
-    DRIVER.copy = lambda copies, stream: None  # type: ignore[method-assign]
+    GATHER.copy = lambda copies, stream, device_id: None  # type: ignore[method-assign]
     graph = Graph({"pooled": torch.zeros(128, 768, dtype=torch.float16)})
     requests = []
     for i in range(requests_per_batch):

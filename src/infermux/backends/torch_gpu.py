@@ -38,7 +38,8 @@ from infermux.runtime import (
     StagingBuffers,
     graph_buckets,
 )
-from infermux.runtime.driver import DRIVER, Copy
+from infermux.runtime.driver import DRIVER, Copy, gathered
+from infermux.runtime.gather_kernel import GATHER
 from infermux.runtime.host_memory import HOST_MEMORY
 from infermux.runtime.streams import Priority
 from infermux.types import DeviceArray, numpy_dtype
@@ -139,14 +140,14 @@ class GpuPath:
                     gpu = [part for r in requests for part in parts_of(r.device_inputs[key])]
                     if all(part.device_id == device_id for part in gpu):
                         parts = [(part.pointer, part.nbytes) for part in gpu]
-                        DRIVER.gather_to_device(target.data_ptr(), parts, handle)
+                        GATHER.copy(gathered(target.data_ptr(), parts), handle, device_id)
                     else:
                         _gather(gpu, target)
                     continue
                 arrays = [r.inputs[key] for r in requests]
                 host = _pinned_parts(arrays)
                 if host is not None:
-                    DRIVER.gather_to_device(target.data_ptr(), host, handle)
+                    DRIVER.copy(gathered(target.data_ptr(), host), handle)
                 else:
                     self.staging.upload_into(key, self._stacked(key, arrays), target)
             graph.graph.replay()
@@ -323,7 +324,7 @@ def _write_device_outputs(
     batch: per request only pointer arithmetic and its own places' checks remain. Slicing the
     output per request and numpy's shape products cost ~13 µs a request on the event loop (a
     batch of 36: 450 µs, now 29 µs; ``benchmarks/ipc/device_outputs.py`` on the CPU). All the
-    batch's copies go to the driver in one call (:meth:`~infermux.runtime.driver.Driver.copy`)."""
+    batch's copies go in one launch of :mod:`~infermux.runtime.gather_kernel`."""
     rows_of: dict[str, tuple[int, int, torch.dtype] | None] = {}
     dtypes: dict[np.dtype[Any], torch.dtype] = {}
     copies: list[Copy] = []
@@ -357,7 +358,7 @@ def _write_device_outputs(
                     copies.extend(mine)
                     request.outputs_on_device.add(key)
         start += count
-    DRIVER.copy(copies, stream)  # one driver call for the batch
+    GATHER.copy(copies, stream, device_id)  # one kernel launch for the batch
 
 
 def _output_rows(value: torch.Tensor | None) -> tuple[int, int, torch.dtype] | None:

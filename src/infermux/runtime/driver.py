@@ -78,6 +78,9 @@ class Driver:
                     ("cuMemcpyAsync", (ctypes.c_uint64, ctypes.c_uint64, size, pointer)),
                     ("cuMemHostRegister_v2", (pointer, size, ctypes.c_uint)),
                     ("cuMemHostUnregister", (pointer,)),
+                    ("cuModuleLoadData", (pointer, ctypes.c_char_p)),
+                    ("cuModuleGetFunction", (pointer, pointer, ctypes.c_char_p)),
+                    ("cuLaunchKernel", (pointer, *(ctypes.c_uint,) * 7, pointer, pointer, pointer)),
                 ):
                     function = getattr(library, name)
                     function.restype = ctypes.c_int
@@ -120,6 +123,30 @@ class Driver:
     def host_unregister(self, start: int) -> int:
         return int(self.bind().cuMemHostUnregister(start))
 
+    def load_function(self, image: bytes, name: bytes) -> int:
+        """Load a module (PTX or cubin) into the current context and return its function
+        ``name``. The module stays loaded for the process's life."""
+        cuda = self.bind()
+        module, function = ctypes.c_void_p(), ctypes.c_void_p()
+        _check("cuModuleLoadData", cuda.cuModuleLoadData(ctypes.byref(module), image))
+        found = cuda.cuModuleGetFunction(ctypes.byref(function), module, name)
+        _check("cuModuleGetFunction", found)
+        return function.value or 0
+
+    def launch_kernel(
+        self,
+        function: int,
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        parameter: ctypes.Structure,
+        stream: int,
+    ) -> None:
+        """Queue ``function`` on ``stream`` with one by-value ``parameter`` (copied by the
+        driver before this returns)."""
+        parameters = (ctypes.c_void_p * 1)(ctypes.addressof(parameter))
+        result = self.bind().cuLaunchKernel(function, *grid, *block, 0, stream, parameters, None)
+        _check("cuLaunchKernel", result)
+
     def copy(self, copies: Sequence[Copy], stream: int) -> None:
         """Queue ``copies`` (destination, source, bytes; each address in device memory or
         pinned host memory) on ``stream``, in stream order as one step: the copies of one call
@@ -147,16 +174,14 @@ class Driver:
             result = batch(*common, *attributes, 1, stream)
         _check(self.batch_copies, result)
 
-    def gather_to_device(self, target: int, parts: Iterable[tuple[int, int]], stream: int) -> int:
-        """Copy ``parts`` (address, bytes; pinned host or device memory) one after the other
-        to device address ``target``, asynchronously on ``stream``. Returns the bytes queued."""
-        copies = []
-        offset = 0
-        for address, size in parts:
-            copies.append((target + offset, address, size))
-            offset += size
-        self.copy(copies, stream)
-        return offset
+
+def gathered(target: int, parts: Iterable[tuple[int, int]]) -> list[Copy]:
+    """The copies that lay ``parts`` (address, bytes) one after the other from ``target`` on."""
+    copies = []
+    for address, size in parts:
+        copies.append((target, address, size))
+        target += size
+    return copies
 
 
 def _check(name: str, result: int) -> None:

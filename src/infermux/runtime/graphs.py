@@ -55,7 +55,8 @@ def graph_buckets(config: ModelConfig) -> tuple[GraphBucket, ...]:
     defaults ({1, preferred sizes, max} with dynamic batching, else {1, 2, 3, 4, 6, 8, 12, 16,
     max}) plus :func:`padding_sizes` up to ``max_batch_size``: Triton's TensorRT backend runs a
     batch between buckets without a graph, infermux pads it up, and those sizes bound the padding
-    of a batch over 8 rows to under 4 rows or an eighth. Raises :class:`ModelLoadError` for an invalid spec.
+    of a batch over 8 rows to under 4 rows or an eighth. Raises :class:`ModelLoadError` for an
+    invalid spec.
     """
     cuda = config.proto.optimization.cuda
     if not cuda.graphs:

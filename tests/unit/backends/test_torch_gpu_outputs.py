@@ -1,7 +1,7 @@
 """Which requests' outputs a CUDA-graph batch copies straight into their clients' CUDA
 shared memory (``torch_gpu._write_device_outputs``), checked on the CPU: the graph's outputs are
-CPU tensors and the driver's device-to-device copies are recorded instead of made: one call per
-batch. An output whose places do not take its bytes exactly is left to the host path."""
+CPU tensors and the device-to-device copies are recorded instead of made: one gather-kernel call
+per batch. An output whose places do not take its bytes exactly is left to the host path."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ torch = pytest.importorskip("torch")
 
 from infermux.backends import torch_gpu  # noqa: E402
 from infermux.backends.base import DeviceParts, ModelRequest  # noqa: E402
-from infermux.runtime.driver import DRIVER, Copy  # noqa: E402
+from infermux.runtime.driver import Copy  # noqa: E402
+from infermux.runtime.gather_kernel import GATHER  # noqa: E402
 from infermux.types import DeviceArray  # noqa: E402
 
 ROW = 768 * 2  # bytes of one FP16 row of the output below
@@ -31,11 +32,11 @@ def copies(monkeypatch: pytest.MonkeyPatch) -> list[tuple[list[Copy], int]]:
     """Each call to the driver: (its copies, the stream); a call with no copies is skipped."""
     made: list[tuple[list[Copy], int]] = []
 
-    def copy(batch: Any, stream: int) -> None:
+    def copy(batch: Any, stream: int, device_id: int) -> None:
         if batch:
             made.append((list(batch), stream))
 
-    monkeypatch.setattr(DRIVER, "copy", copy)
+    monkeypatch.setattr(GATHER, "copy", copy)
     return made
 
 

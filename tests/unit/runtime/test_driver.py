@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from infermux.runtime.driver import Copy, Driver, DriverError
+from infermux.runtime.driver import Copy, Driver, DriverError, gathered
 
 COPIES: list[Copy] = [(1 << 40, 2 << 40, 4096), ((1 << 40) + 4096, 3 << 40, 512), (7, 9, 1)]
 
@@ -104,11 +104,12 @@ def test_one_copy_or_none_skips_the_batch() -> None:
     assert library.calls == [("cuMemcpyAsync", (*COPIES[0], 5))]
 
 
-def test_gather_lays_the_parts_one_after_the_other() -> None:
-    library = Library("cuMemcpyBatchAsync_v2")
-    queued = driver(library).gather_to_device(1000, [(50, 8), (70, 16), (90, 4)], 3)
-    assert queued == 28
-    assert library.calls[0][1]["copies"] == [(1000, 50, 8), (1008, 70, 16), (1024, 90, 4)]
+def test_gathered_lays_the_parts_one_after_the_other() -> None:
+    assert gathered(1000, [(50, 8), (70, 16), (90, 4)]) == [
+        (1000, 50, 8),
+        (1008, 70, 16),
+        (1024, 90, 4),
+    ]
 
 
 @pytest.mark.parametrize("batch", ["cuMemcpyBatchAsync_v2", ""])
