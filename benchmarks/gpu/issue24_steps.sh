@@ -113,7 +113,10 @@ for STEP in "$@"; do
              done ;;
     *) echo "unknown step $STEP" >&2 ;;
   esac
-  # After every step: what is done comes back even if a later step outlives the call.
+  # After every step: what is done comes back even if a later step outlives the call. The
+  # device copy's .git can be stale (its HEAD named an older commit than the tree sent), so the
+  # tree is named by a digest of src/'s Python files: the same command here finds the commit.
   git rev-parse HEAD >"$R/checkout-head.txt" 2>/dev/null
+  (cd src && find . -name '*.py' | LC_ALL=C sort | xargs cat | sha1sum) >"$R/src-sha1.txt"
   tar czf "${OUT:-/tmp/out}/res.tgz" -C "$R" .
 done
