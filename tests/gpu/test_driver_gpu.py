@@ -60,13 +60,15 @@ def test_the_kernel_gathers_device_parts(rows: tuple[int, ...]) -> None:
 def test_the_kernel_copies_unaligned_bytes() -> None:
     kernel = GatherKernel()
     source = torch.arange(4096, dtype=torch.int32, device="cuda").view(torch.uint8)
-    target = torch.zeros(20000, dtype=torch.uint8, device="cuda")
-    # Odd sizes at odd offsets on both sides: the byte loop; one aligned copy: the uint4 loop.
+    target = torch.zeros(24000, dtype=torch.uint8, device="cuda")
+    # Odd sizes at odd offsets on both sides: the byte loop; an aligned copy whose size is not a
+    # multiple of 16: the uint4 loop, then the byte loop for its last 8 bytes.
     copies = [
         (target.data_ptr() + 1, source.data_ptr() + 3, 1001),
         (target.data_ptr() + 2003, source.data_ptr() + 7, 5),
         (target.data_ptr() + 4096, source.data_ptr(), 16384 - 8),
     ]
+    assert target.numel() > 4096 + 16384 - 8
     stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
     with torch.cuda.device(0), torch.cuda.stream(stream):
         kernel.copy(copies, stream.cuda_stream, 0)
@@ -75,7 +77,7 @@ def test_the_kernel_copies_unaligned_bytes() -> None:
     assert torch.equal(got[1:1002], src[3:1004])
     assert torch.equal(got[2003:2008], src[7:12])
     assert torch.equal(got[4096 : 4096 + 16376], src[:16376])
-    assert [int(got[i]) for i in (0, 1002, 2008)] == [0, 0, 0]  # nothing around the copies
+    assert [int(got[i]) for i in (0, 1002, 2008, 4095, 4096 + 16376)] == [0] * 5  # only the copies
 
 
 def test_the_servers_driver_batches_copies_and_has_the_kernel() -> None:
