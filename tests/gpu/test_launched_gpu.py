@@ -220,3 +220,81 @@ async def test_pinned_host_and_device_inputs_are_copied_where_they_lie(tmp_path:
         HOST_MEMORY.withdraw(arena.address)
         with contextlib.suppress(BufferError):  # views of it may still be alive
             arena.close()
+
+
+async def test_launched_batches_end_out_of_order_each_to_its_own_requests(tmp_path: Path) -> None:
+    """A batch held up on its stream (a sleep kernel queued ahead of it) ends after a batch
+    launched later on the other instance's stream: the later one is answered first, and each
+    answer reaches its own request."""
+    graphed = load(write(tmp_path / "graphs", Wide(), GRAPHS), "cuda:0", 2)
+    (eager,) = load(write(tmp_path / "eager", Wide()), "cuda:0", 1)
+    held = graphed[0].gpu
+    assert held is not None
+    batcher = DynamicBatcher(
+        "m", graphed, finish=finish, batching=DynamicBatchingConfig(), max_batch_size=8
+    )
+    try:
+        # Idle workers take batches in the order they started waiting: instance 0's takes the
+        # first request, behind ~0.1 s of GPU spin queued on its stream.
+        with torch.cuda.stream(held.stream.stream):
+            torch.cuda._sleep(200_000_000)  # type: ignore[no-untyped-call]
+        x_slow, x_fast = rows(1, 1), rows(1, 2)
+        slow = asyncio.ensure_future(
+            batcher.submit(ModelRequest({"INPUT__0": x_slow}, ("OUTPUT__0",)))
+        )
+        for _ in range(1000):
+            if held.replays:
+                break
+            await asyncio.sleep(0.001)
+        assert held.replays == 1  # launched on the held stream
+        fast = await batcher.submit(ModelRequest({"INPUT__0": x_fast}, ("OUTPUT__0",)))
+        assert not slow.done()  # the later batch, on the other stream, ended first
+        assert_answers_as(eager, [x_fast, x_slow], [fast, await slow])
+        assert COMPLETIONS.watching == 0
+    finally:
+        await batcher.close()
+        close([eager])
+
+
+async def test_a_batch_whose_launch_fails_fails_only_its_requests(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A launch that fails part way (here the copy of its outputs, with a driver error) fails
+    its own request; the requests of other batches, launched around it on both streams, are
+    answered, and the instance serves the next batch."""
+    from infermux.backends import torch_gpu
+    from infermux.errors import InfermuxError
+    from infermux.runtime.driver import DriverError
+
+    graphed = load(write(tmp_path / "graphs", Wide(), GRAPHS), "cuda:0", 2)
+    (eager,) = load(write(tmp_path / "eager", Wide()), "cuda:0", 1)
+    real = torch_gpu._write_device_outputs
+
+    def failing(graph: Any, requests: Any, stream: int, device_id: int) -> None:
+        if any(float(r.inputs["INPUT__0"].reshape(-1)[0]) == 999.0 for r in requests):
+            raise DriverError("cuMemcpyBatchAsync failed with CUDA error 1")
+        real(graph, requests, stream, device_id)
+
+    monkeypatch.setattr(torch_gpu, "_write_device_outputs", failing)
+    batcher = DynamicBatcher(
+        "m", graphed, finish=finish, batching=DynamicBatchingConfig(), max_batch_size=1
+    )
+    try:
+        bad = rows(1, 99)
+        bad[0, 0] = 999.0
+        good = [rows(1, seed) for seed in range(16)]
+        submitted = [bad, *good]
+        done = await asyncio.gather(
+            *(batcher.submit(ModelRequest({"INPUT__0": x}, ("OUTPUT__0",))) for x in submitted),
+            return_exceptions=True,
+        )
+        assert isinstance(done[0], InfermuxError)
+        assert "CUDA error 1" in str(done[0])
+        assert_answers_as(eager, good, list(done[1:]))
+        after = rows(1, 123)
+        again = await batcher.submit(ModelRequest({"INPUT__0": after}, ("OUTPUT__0",)))
+        assert_answers_as(eager, [after], [again])
+        assert COMPLETIONS.watching == 0
+    finally:
+        await batcher.close()
+        close([eager])
