@@ -2,11 +2,11 @@
 
 It binds the HTTP sockets once (every front end accepts on them, so a front end that dies loses
 no queued connection), starts the executors and the front ends, and gives each front end a
-fresh :class:`~infermux.ipc.Channel` to each executor whenever both ends are up. It restarts
-whatever dies: a dead front end costs only its own requests in flight; while an executor is
-down, front ends stay up and answer 503 (not ready) until the new one has loaded its models
-and been given back what clients changed (:mod:`.desired`; with several executors, the models
-the others host keep serving). A process that stops answering its heartbeat is killed
+fresh :class:`~infermux.ipc.Channel` to each executor whenever both ends are up (:mod:`.wiring`).
+It restarts whatever dies: a dead front end costs only its own requests in flight; while an
+executor is down, front ends stay up and answer 503 (not ready) until the new one has loaded its
+models and been given back what clients changed (:mod:`.desired`; with several executors, the
+models the others host keep serving). A process that stops answering its heartbeat is killed
 (:mod:`.heartbeat`). With several executors it also serves the metrics endpoint (:mod:`.scrapes`).
 A process that keeps dying is restarted with growing delays (up to 10 s), never given up on,
 except at start-up, where a failure is the server's failure (bad repository, busy port).
@@ -33,23 +33,16 @@ from infermux.errors import InfermuxError, StartupError
 from infermux.frontends import unix_socket
 from infermux.frontends.metrics import MetricsEndpoint, metrics_socket
 from infermux.frontends.serving import http_endpoints, http_sockets
-from infermux.ipc import Channel
 from infermux.ipc.ring import ORDERED_STORES
 from infermux.observability.logs import update_log_settings
-from infermux.settings import (
-    DISABLED_PORT,
-    IPC_RING_BYTES,
-    ServerSettings,
-)
+from infermux.settings import DISABLED_PORT, ServerSettings
 
 from . import executor, frontend
 from .children import KILL_GRACE, Child, Slot, next_backoff, stop
 from .common import check_shared_memory
 from .control import (
-    Attach,
     Changed,
     Control,
-    Detach,
     Failed,
     LogChanges,
     Message,
@@ -63,6 +56,7 @@ from .control import (
 from .desired import Desired
 from .heartbeat import Heartbeat
 from .scrapes import Scrapes
+from .wiring import Wiring
 
 logger = logging.getLogger("infermux")
 
@@ -86,6 +80,9 @@ class Supervisor:
         self._metrics_sock: socket.socket | None = None
         self._grpc_port = settings.grpc_port
         self._directory = Path(tempfile.mkdtemp(prefix="infermux-"))
+        self._wiring = Wiring(
+            self._slots, self._executors, self._directory, settings.ipc_arena_mb * 2**20
+        )
         self._pending: set[asyncio.Task[None]] = set()
         self._log_changes: dict[str, Any] = {}  # what clients changed of the log settings
         self._desired = Desired()  # what clients changed, for restarted executors (.desired)
@@ -172,7 +169,7 @@ class Supervisor:
             self._metrics = MetricsEndpoint(
                 self.settings, None, None, self._metrics_sock, source=self._scrape
             )
-        self._connect_all()
+        self._wiring.connect_all()
         self._announce(sorted(models))
 
     async def _expect(self, child: Child, kind: type[_First]) -> _First:
@@ -309,7 +306,7 @@ class Supervisor:
             slot = self._slots[child.index]
             if slot.child is child:
                 logger.info("%s started again (pid %s)", child.name, child.process.pid)
-                self._connect(slot)
+                self._wiring.connect(slot)
         elif isinstance(message, Failed):
             logger.error("%s cannot start: %s", child.name, message.message)
 
@@ -338,7 +335,7 @@ class Supervisor:
             return
         child.up = True
         logger.info("%s ready again; reconnecting front ends", child.name)
-        self._connect_all()
+        self._wiring.connect_all()
 
     async def _died(self, child: Child) -> None:
         code = child.process.exitcode
@@ -349,9 +346,9 @@ class Supervisor:
             logger.error(
                 "%s exited (code %s); its models answer 503 until it is back", child.name, code
             )
-            why = f"{child.name} exited (code {code}); it is restarting"
-            for slot in self._slots:
-                self._retire(slot, why, executor=child.index)
+            self._wiring.executor_gone(
+                child.index, f"{child.name} exited (code {code}); it is restarting"
+            )
             self._scrapes.gone(child.index)
             place.backoff = next_backoff(place.backoff, child)
             place.child = None
@@ -361,11 +358,7 @@ class Supervisor:
         if slot.child is not child:
             return
         logger.error("%s exited (code %s); restarting it", child.name, code)
-        for index, channel in slot.channels.items():
-            ex = self._executors[index].child
-            if ex is not None:
-                ex.control.send(Detach(channel.spec.id, f"{child.name} exited"))
-        self._retire(slot, "")
+        self._wiring.front_end_gone(slot, f"{child.name} exited")
         slot.child = None
         slot.backoff = next_backoff(slot.backoff, child)
         self._background(self._respawn_frontend(slot))
@@ -379,42 +372,6 @@ class Supervisor:
         await asyncio.sleep(slot.backoff)
         if not self._stop.is_set():
             slot.child = await self._spawn_frontend(slot.index)
-
-    # -- channels ---------------------------------------------------------------------------------
-
-    def _connect_all(self) -> None:
-        for slot in self._slots:
-            self._connect(slot)
-
-    def _connect(self, slot: Slot) -> None:
-        """Give ``slot``'s front end a fresh channel to each executor it has none to, where
-        both ends are up."""
-        child = slot.child
-        if child is None or not child.up:
-            return
-        for place in self._executors:
-            ex = place.child
-            if ex is None or not ex.up or place.index in slot.channels:
-                continue
-            channel = Channel(
-                self._directory,
-                ring_bytes=IPC_RING_BYTES,
-                arena_bytes=self.settings.ipc_arena_mb * 2**20,
-            )
-            slot.channels[place.index] = channel
-            ex.control.send(Attach(channel.spec))
-            child.control.send(Attach(channel.spec, place.index))
-
-    def _retire(self, slot: Slot, reason: str, executor: int | None = None) -> None:
-        """Drop ``slot``'s channel to ``executor`` (to every executor when None); with a
-        ``reason``, its front end is told (it lives on)."""
-        for index in [executor] if executor is not None else list(slot.channels):
-            channel = slot.channels.pop(index, None)
-            if channel is None:
-                continue
-            if reason and slot.child is not None:
-                slot.child.control.send(Detach(channel.spec.id, reason))
-            channel.close()
 
     async def _scrape(self) -> bytes:
         """``/metrics`` with several executors (:mod:`.scrapes`)."""
@@ -430,8 +387,7 @@ class Supervisor:
         timeout = self.settings.exit_timeout_secs + KILL_GRACE
         await stop([s.child for s in self._slots if s.child is not None], timeout)
         await stop([s.child for s in self._executors if s.child is not None], timeout)
-        for slot in self._slots:
-            self._retire(slot, "")
+        self._wiring.close()
         for task in list(self._pending):
             task.cancel()
 
