@@ -6,8 +6,8 @@ INT64 ids would index past BERT's vocabulary), batch 1 (``-b 1``), default synch
 thread per in-flight request), ``-v`` so that every measurement pass is in the log. perf_analyzer
 stabilises by itself: ``--measurement-interval`` windows until 3 in a row agree within
 ``--stability-percentage`` or ``--max-trials`` is reached. Its ``-f`` CSV gives the figures; when
-no measurement was stable (rc 2, no CSV) the last pass's throughput and mean latency are kept and
-the point is marked ``unstable``.
+no measurement was stable (rc 2, no CSV), or the passes outlasted the point's time limit, the last
+pass's throughput and mean latency are kept and the point is marked ``unstable``.
 
 perf_analyzer's gRPC clients share a channel (one TCP connection) between up to
 ``TRITON_CLIENT_GRPC_CHANNEL_MAX_SHARE_COUNT`` of its threads, so at low concurrency all gRPC
@@ -237,7 +237,9 @@ def run(
     if leftovers:
         result["pa_shm_leftovers_removed"] = leftovers
     figures = read_csv(csv_path)
-    unstable = rc == UNSTABLE_RC
+    # No stable window: perf_analyzer gave up (rc 2), or its passes outlasted the point's time
+    # (the H200 lost gRPC and HTTP at c=256 that way after two passes each).
+    unstable = rc in (UNSTABLE_RC, None)
     if figures:
         result.update(figures, errors=0)
     elif unstable and result["pa_passes"]:

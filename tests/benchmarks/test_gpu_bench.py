@@ -304,3 +304,28 @@ def test_a_refused_registration_leaves_no_region_behind(
         regions.create(4)
     assert regions._client.registered == []
     assert not [name for name in os.listdir("/dev/shm") if name.startswith(prefix)]
+
+
+def test_a_perf_analyzer_that_outlasts_its_time_keeps_its_last_pass(tmp_path: Path) -> None:
+    """At c=256 on the H200 perf_analyzer ran two passes over gRPC and over HTTP without a stable
+    window and was stopped at the point's time limit: the point was lost. Its last pass is kept,
+    marked unstable, as when perf_analyzer itself gives up (rc 2)."""
+    perfanalyzer = load("perfanalyzer")
+    stand_in = tmp_path / "perf_analyzer"
+    stand_in.write_text(
+        f"#!{sys.executable}\n"
+        "import time\n"
+        'print("Pass [1] throughput: 9629.66 infer/sec. Avg latency: 26247 usec (std 10 usec)")\n'
+        'print("Pass [2] throughput: 9724.4 infer/sec. Avg latency: 26152 usec (std 11 usec)",'
+        " flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    stand_in.chmod(0o755)
+    argv = [str(stand_in), "-f", str(tmp_path / "pa.csv")]
+    result = perfanalyzer.run(argv, tmp_path / "pa.log", warmup=0.01, timeout=1.5)
+    assert result["pa_rc"] is None
+    assert result["items_per_s"] == 9724.4
+    assert result["mean_ms"] == 26.152
+    assert result["unstable"] is True
+    assert "error" not in result
+    assert result["pa_note"].startswith("perf_analyzer timed out")
