@@ -262,6 +262,68 @@ def test_the_c1_floor_server_speaks_enough_kserve_for_perf_analyzer(tmp_path: Pa
         server.stdout.close()
 
 
+def test_the_c1_floor_http_server_speaks_enough_kserve_for_perf_analyzer(tmp_path: Path) -> None:
+    """The bare HTTP floor server: health, metadata, config, and an inference with a binary
+    input (as perf_analyzer sends) answered with a binary output, over tritonclient's HTTP
+    client."""
+    import subprocess
+
+    import numpy as np
+    import tritonclient.http as httpclient
+
+    load("perfanalyzer")  # puts benchmarks/ (benchkit) on the path
+    benchkit: Any = importlib.import_module("benchkit")
+    port = benchkit.free_port()
+    server = subprocess.Popen(
+        [sys.executable, str(HERE / "c1_floor.py"), "--serve", "http", str(port), "4", "0", "spin"],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert server.stdout is not None
+        assert "ready" in server.stdout.readline()
+        client = httpclient.InferenceServerClient(f"127.0.0.1:{port}")
+        assert client.is_server_ready()
+        assert client.is_model_ready("floor")
+        assert client.get_model_metadata("floor")["inputs"][0]["name"] == "INPUT0"
+        assert client.get_model_config("floor")["max_batch_size"] == 8
+        x = np.arange(4, dtype=np.float32).reshape(1, 4)
+        for binary in (True, False):
+            infer_input = httpclient.InferInput("INPUT0", [1, 4], "FP32")
+            infer_input.set_data_from_numpy(x, binary_data=binary)
+            result = client.infer("floor", [infer_input], request_id="r1")
+            np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), x)
+            assert result.get_response()["id"] == "r1"
+        client.close()
+    finally:
+        benchkit.stop_group(server)
+        assert server.stdout is not None
+        server.stdout.close()
+
+
+def test_the_c1_floor_runs_each_server_over_the_protocols_it_speaks() -> None:
+    c1_floor = load("c1_floor")
+    args = c1_floor.argparse.Namespace(
+        protocols="pa_grpc,pa_http",
+        servers="aio,http,infermux-f1",
+        work_us="0,900",
+        waits="spin,sleep",
+    )
+    assert c1_floor.points(args) == [
+        ("pa_grpc", "aio", 0, "spin"),
+        ("pa_grpc", "aio", 900, "spin"),
+        ("pa_grpc", "aio", 900, "sleep"),
+        ("pa_grpc", "infermux-f1", 0, "spin"),
+        ("pa_grpc", "infermux-f1", 900, "spin"),
+        ("pa_http", "http", 0, "spin"),
+        ("pa_http", "http", 900, "spin"),
+        ("pa_http", "http", 900, "sleep"),
+        ("pa_http", "infermux-f1", 0, "spin"),
+        ("pa_http", "infermux-f1", 900, "spin"),
+    ]
+
+
 def test_a_run_lets_the_warm_up_register_two_regions_per_slot_at_its_top_concurrency() -> None:
     # Every c=256 warm-up over gRPC + shm failed with "256 regions are registered" (infermux's
     # default limit) and so verified no answer: the bench now raises the limit to fit.
