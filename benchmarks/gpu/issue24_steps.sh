@@ -24,8 +24,9 @@
 #   bash benchmarks/gpu/issue24_steps.sh tests-cuda          (~1 min: the CUDA-shm GPU tests only)
 #   bash benchmarks/gpu/issue24_steps.sh copy-check          (~30 s: benchmarks/gpu/copy_check.py,
 #       a batch's per-request copies queued one driver call each or in one cuMemcpyBatchAsync)
-#   bash benchmarks/gpu/issue24_steps.sh c1-floor            (~2 min: benchmarks/gpu/c1_floor.py, the
-#       c=1 latency of perf_analyzer against bare gRPC servers that only wait 0 or 900 µs)
+#   bash benchmarks/gpu/issue24_steps.sh c1-floor            (~4 min: benchmarks/gpu/c1_floor.py, the
+#       c=1 latency of perf_analyzer against bare gRPC and HTTP servers that only wait 0 or 900
+#       µs, and infermux beside them; C1_PROTOCOLS=pa_grpc narrows it, ~2 min)
 #   bash benchmarks/gpu/issue24_steps.sh ab-c1               (~5 min: c=1, delay 0, ResNet-50 over
 #       gRPC + shm and HTTP, --frontends 12 then 1, the tree in ab_base/src then this tree;
 #       AB_FRONTENDS and AB_PROTOCOLS narrow it)
@@ -90,7 +91,8 @@ for STEP in "$@"; do
               --pa-grpc-channel-share 1 --deadline 125 >"$R/share1.log" 2>&1 ;;
     shm-check) timeout 100 python3 benchmarks/gpu/cuda_shm_check.py \
                  --out "$R/cuda_shm_check.json" >"$R/shm-check.log" 2>&1 ;;
-    c1-floor) timeout 200 python3 benchmarks/gpu/c1_floor.py --work-us 0,900 \
+    c1-floor) timeout 320 python3 benchmarks/gpu/c1_floor.py --work-us 0,900 \
+                --protocols ${C1_PROTOCOLS:-pa_grpc,pa_http} \
                 --out "$R/c1_floor.json" >"$R/c1-floor.log" 2>&1 ;;
     copy-check) timeout 100 python3 benchmarks/gpu/copy_check.py \
                   --out "$R/copy_check.json" >"$R/copy-check.log" 2>&1 ;;
