@@ -5,8 +5,10 @@ one export (the A/B that decides it)."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -225,21 +227,16 @@ def test_each_point_is_set_beside_the_raw_model_at_the_batch_it_served() -> None
     assert "14,000 items/s: **0.90x**" in line
 
 
-def test_the_c1_floor_server_speaks_enough_kserve_for_perf_analyzer(tmp_path: Path) -> None:
-    """benchmarks/gpu/c1_floor.py's bare server: metadata, config and an inference that echoes
-    its input, over tritonclient's gRPC client (perf_analyzer asks for the same)."""
+@contextlib.contextmanager
+def floor_server(kind: str) -> Iterator[int]:
+    """benchmarks/gpu/c1_floor.py's bare ``kind`` server on a free port, until the block ends."""
     import subprocess
-
-    import numpy as np
-    import tritonclient.grpc as grpcclient
 
     load("perfanalyzer")  # puts benchmarks/ (benchkit) on the path
     benchkit: Any = importlib.import_module("benchkit")
-    free_port, stop_group = benchkit.free_port, benchkit.stop_group
-
-    port = free_port()
+    port = benchkit.free_port()
     server = subprocess.Popen(
-        [sys.executable, str(HERE / "c1_floor.py"), "--serve", "aio", str(port), "4", "0", "spin"],
+        [sys.executable, str(HERE / "c1_floor.py"), "--serve", kind, str(port), "4", "0", "spin"],
         stdout=subprocess.PIPE,
         text=True,
         start_new_session=True,
@@ -247,6 +244,20 @@ def test_the_c1_floor_server_speaks_enough_kserve_for_perf_analyzer(tmp_path: Pa
     try:
         assert server.stdout is not None
         assert "ready" in server.stdout.readline()
+        yield port
+    finally:
+        benchkit.stop_group(server)
+        assert server.stdout is not None
+        server.stdout.close()
+
+
+def test_the_c1_floor_server_speaks_enough_kserve_for_perf_analyzer() -> None:
+    """The bare gRPC floor server: metadata, config and an inference that echoes its input,
+    over tritonclient's gRPC client (perf_analyzer asks for the same)."""
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+
+    with floor_server("aio") as port:
         client = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
         assert client.get_model_metadata("floor").inputs[0].name == "INPUT0"
         assert client.get_model_config("floor").config.max_batch_size == 8
@@ -256,33 +267,16 @@ def test_the_c1_floor_server_speaks_enough_kserve_for_perf_analyzer(tmp_path: Pa
         result = client.infer("floor", [infer_input])
         np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), x)
         client.close()
-    finally:
-        stop_group(server)
-        assert server.stdout is not None
-        server.stdout.close()
 
 
-def test_the_c1_floor_http_server_speaks_enough_kserve_for_perf_analyzer(tmp_path: Path) -> None:
+def test_the_c1_floor_http_server_speaks_enough_kserve_for_perf_analyzer() -> None:
     """The bare HTTP floor server: health, metadata, config, and an inference with a binary
     input (as perf_analyzer sends) answered with a binary output, over tritonclient's HTTP
     client."""
-    import subprocess
-
     import numpy as np
     import tritonclient.http as httpclient
 
-    load("perfanalyzer")  # puts benchmarks/ (benchkit) on the path
-    benchkit: Any = importlib.import_module("benchkit")
-    port = benchkit.free_port()
-    server = subprocess.Popen(
-        [sys.executable, str(HERE / "c1_floor.py"), "--serve", "http", str(port), "4", "0", "spin"],
-        stdout=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        assert server.stdout is not None
-        assert "ready" in server.stdout.readline()
+    with floor_server("http") as port:
         client = httpclient.InferenceServerClient(f"127.0.0.1:{port}")
         assert client.is_server_ready()
         assert client.is_model_ready("floor")
@@ -296,10 +290,6 @@ def test_the_c1_floor_http_server_speaks_enough_kserve_for_perf_analyzer(tmp_pat
             np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), x)
             assert result.get_response()["id"] == "r1"
         client.close()
-    finally:
-        benchkit.stop_group(server)
-        assert server.stdout is not None
-        server.stdout.close()
 
 
 def test_the_c1_floor_runs_each_server_over_the_protocols_it_speaks() -> None:
