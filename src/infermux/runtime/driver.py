@@ -5,10 +5,13 @@ a client's CUDA shared memory) and asks to be told when the stream is done. Thro
 such copy is a tensor made over the memory plus a ``copy_``, ~10-20 µs of Python and dispatch per
 request on the event loop; one driver call per copy through ``ctypes`` costs less, but the driver
 itself spends several µs on each (a batch of 46 BERT requests' device-to-device input copies took
-~360 µs of the loop thread on the H200). So all the copies of a batch go to the driver in one
+~360 µs of the loop thread on the H200). So a batch's copies go to the driver in one
 ``cuMemcpyBatchAsync`` call (CUDA 12.8 and later) where the driver has it, and one
-``cuMemcpyAsync`` per copy where it does not (``docs/decisions.md``). ``libcuda.so.1`` is the
-driver torch itself loaded; the calls run on the stream's context, which the caller makes current
+``cuMemcpyAsync`` per copy where it does not (:meth:`Driver.copy`). That halves the cost of host
+copies but saves little on small device-to-device ones, which take one kernel launch instead
+(:mod:`~infermux.runtime.gather_kernel`, through :meth:`Driver.load_function` and
+:meth:`Driver.launch_kernel`; ``docs/decisions.md``). ``libcuda.so.1`` is the driver torch itself
+loaded; the calls run on the stream's context, which the caller makes current
 (``torch.cuda.device``).
 """
 

@@ -144,7 +144,7 @@ class GatherKernel:
             return self._driver.load_function(self._ptx, _NAME)
         except (RuntimeError, DriverError, OSError) as exc:  # OSError: no libcuda
             self.unavailable = str(exc)
-            logger.info("device copies go to the driver one by one: %s", exc)
+            logger.info("no gather kernel: device copies go to the driver: %s", exc)
             return 0
 
     def copy(self, copies: Sequence[Copy], stream: int, device_id: int) -> None:

@@ -132,7 +132,7 @@ def test_without_the_kernel_the_driver_copies_and_says_why(
     assert driver.copies == [(copies(3), 4), (copies(2), 4)]
     assert kernel.unavailable == str(error)
     assert [r.getMessage() for r in caplog.records] == [
-        f"device copies go to the driver one by one: {error}"
+        f"no gather kernel: device copies go to the driver: {error}"
     ]
 
 
