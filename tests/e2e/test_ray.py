@@ -138,19 +138,22 @@ def server(cluster: str, repository: Path) -> Iterator[ServerProcess]:
 def who(
     server: ServerProcess, key: str | None = None, sleep: float = 0.0, model: str = "who"
 ) -> int:
-    client = httpclient.InferenceServerClient(server.url, network_timeout=120)
-    tensor = httpclient.InferInput("INPUT0", [1], "FP32")
-    tensor.set_data_from_numpy(np.array([sleep], np.float32))
-    parameters = {"routing_key": key} if key is not None else None
-    result = client.infer(model, [tensor], parameters=parameters)
+    # Closed here, on the thread that made it: left to the garbage collector, a client's gevent
+    # pool is joined on whichever thread collects it, which may have no gevent hub (CI saw
+    # that as an unraisable exception failing a later test).
+    with httpclient.InferenceServerClient(server.url, network_timeout=120) as client:
+        tensor = httpclient.InferInput("INPUT0", [1], "FP32")
+        tensor.set_data_from_numpy(np.array([sleep], np.float32))
+        parameters = {"routing_key": key} if key is not None else None
+        result = client.infer(model, [tensor], parameters=parameters)
     return int(result.as_numpy("OUTPUT0")[0])
 
 
 def test_two_replicas_on_two_nodes_both_serve(server: ServerProcess) -> None:
-    client = httpclient.InferenceServerClient(server.url)
-    assert client.is_server_ready()
-    assert client.is_model_ready("who")
-    assert client.get_model_metadata("who")["inputs"][0]["name"] == "INPUT0"
+    with httpclient.InferenceServerClient(server.url) as client:
+        assert client.is_server_ready()
+        assert client.is_model_ready("who")
+        assert client.get_model_metadata("who")["inputs"][0]["name"] == "INPUT0"
     with ThreadPoolExecutor(4) as pool:
         pids = set(pool.map(lambda _: who(server, sleep=0.01), range(60)))
     assert len(pids) == 2
@@ -168,18 +171,18 @@ def test_a_routing_key_sticks_to_one_replica(server: ServerProcess) -> None:
 def test_a_sticky_canary_keeps_each_key_on_one_version_and_one_replica(
     server: ServerProcess,
 ) -> None:
-    client = httpclient.InferenceServerClient(server.url)
     seen = {}
-    for key in (f"user-{i}" for i in range(16)):
-        answers = set()
-        for _ in range(4):
-            tensor = httpclient.InferInput("INPUT0", [1], "FP32")
-            tensor.set_data_from_numpy(np.zeros(1, np.float32))
-            result = client.infer("canary", [tensor], parameters={"routing_key": key})
-            version = result.get_response()["model_version"]
-            answers.add((version, int(result.as_numpy("OUTPUT0")[0])))
-        assert len(answers) == 1, f"{key}: {answers}"
-        seen[key] = answers.pop()
+    with httpclient.InferenceServerClient(server.url) as client:
+        for key in (f"user-{i}" for i in range(16)):
+            answers = set()
+            for _ in range(4):
+                tensor = httpclient.InferInput("INPUT0", [1], "FP32")
+                tensor.set_data_from_numpy(np.zeros(1, np.float32))
+                result = client.infer("canary", [tensor], parameters={"routing_key": key})
+                version = result.get_response()["model_version"]
+                answers.add((version, int(result.as_numpy("OUTPUT0")[0])))
+            assert len(answers) == 1, f"{key}: {answers}"
+            seen[key] = answers.pop()
     assert {version for version, _ in seen.values()} == {"1", "2"}
     assert len({pid for _, pid in seen.values()}) == 2
 
@@ -246,17 +249,19 @@ def test_a_model_update_rolls_through_replicas_without_failed_requests(
     server: ServerProcess, repository: Path
 ) -> None:
     before = {who(server, f"k{i}") for i in range(8)}
-    client = httpclient.InferenceServerClient(server.url, network_timeout=300)
-    with load(server, clients=3, sleep=0.01) as (ok, failed):
+    with (
+        httpclient.InferenceServerClient(server.url, network_timeout=300) as client,
+        load(server, clients=3, sleep=0.01) as (ok, failed),
+    ):
         model_py = repository / "who" / "1" / "model.py"
         model_py.write_text(model_py.read_text() + "\n# changed\n")  # a new deployment version
         client.load_model("who")  # returns once the new replicas serve
         time.sleep(1)
+        index = {m["name"]: m for m in client.get_model_repository_index()}
     assert failed == []
     after = {who(server, f"k{i}") for i in range(8)}
     assert not before & after  # every replica is a new process
     assert len(ok) > 10
-    index = {m["name"]: m for m in client.get_model_repository_index()}
     assert index["who"]["state"] == "READY"
     assert json.dumps(index)  # serialisable as the HTTP API sends it
 

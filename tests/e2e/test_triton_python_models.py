@@ -379,6 +379,9 @@ def test_bls_and_custom_metrics_live_in_the_executor_with_several_front_ends(
         input0, input1 = np.arange(4, dtype=np.float32), np.ones(4, np.float32)
         target = np.array([b"add_sub"], dtype=object)
         grpc = grpcclient.InferenceServerClient(server.grpc_url)
+        # Readiness first: CI once saw bls answer that add_sub had no ready version, which this
+        # tells apart from a BLS routing fault (the failed test prints the server's log).
+        assert all(grpc.is_model_ready(name) for name in ("add_sub", "bls", "counted"))
         answer = grpc.infer("bls", grpc_inputs(input0, input1, target))
         np.testing.assert_allclose(answer.as_numpy("OUTPUT0"), input0 + input1)
         grpc.infer("counted", grpc_inputs(input0, input1))
