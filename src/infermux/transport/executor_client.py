@@ -41,7 +41,6 @@ from infermux.dataplane.streams import decoupled_refusal
 from infermux.errors import ErrorCode, InfermuxError, InternalError, UnavailableError
 from infermux.ipc import Block, ChannelSpec, Endpoint
 from infermux.ipc.wire import (
-    NO_DATA,
     Answer,
     Call,
     Cancel,
@@ -50,7 +49,6 @@ from infermux.ipc.wire import (
     Forget,
     Forgotten,
     Regroup,
-    Release,
     Result,
     WireTensor,
     encode,
@@ -73,6 +71,7 @@ from .low_load import poll_for_answer
 from .micro_batcher import MicroBatcher
 from .probes import ReadinessProbes
 from .regions import RegionCopies, in_shared_memory
+from .releases import Releases
 from .streams import STREAM_WINDOW, Streams
 
 logger = logging.getLogger(__name__)
@@ -107,7 +106,7 @@ class RemoteExecutor:
         self._streams = Streams()  # streamed requests not over
         self._decoupled: set[str] = set()  # models whose requests are streamed
         self._seq = itertools.count(1)
-        self._released: list[int] = []  # answer blocks read, to hand back in one Release frame
+        self._releases = Releases()  # answer blocks read, handed back to the executor
         self._why_detached = "the executor is starting"
         self._shutting_down = False
         self._channel = ""
@@ -150,7 +149,6 @@ class RemoteExecutor:
         link, self._link = self._link, None
         pending, self._pending = self._pending, {}
         streams, self._streams = self._streams, Streams()
-        self._released.clear()
         self._batches.fail_all(UnavailableError(why))
         for entry in pending.values():
             if not entry.future.done():
@@ -219,17 +217,8 @@ class RemoteExecutor:
                 entry.future.set_result(message)
 
     def free(self, link: Link, offsets: list[int]) -> None:
-        taken = [o for o in offsets if o != NO_DATA]
-        if not taken:
-            return
-        if not self._released:
-            asyncio.get_running_loop().call_soon(self._send_released, link)
-        self._released.extend(taken)
-
-    def _send_released(self, link: Link) -> None:
-        if self._released and link is self._link:
-            link.send(encode(Release(self._released)), wake=False)
-        self._released = []
+        """The answer blocks at ``offsets`` were read: the executor may reuse them."""
+        self._releases.free(link, offsets)
 
     # -- inference --------------------------------------------------------------------------------
 
