@@ -15,7 +15,8 @@ Per point: requests/s, executor CPU µs per request and per model execution (``/
 over the window, all its threads: the model's forward is in it too), the average batch, and the
 front end's CPU µs per request. ``--src NAME=DIR`` (repeatable) runs each point for each source
 tree (``DIR``: a checkout's ``src``), alternating trees and their order every round, so that
-a change's A/B is one run; the medians over ``--rounds`` are reported.
+a change's A/B is one run; the medians over ``--rounds`` are reported. ``--cprofile FILE`` runs
+one point with the executor under cProfile and tables its CPU per frame by stage.
 
     .venv/bin/python benchmarks/ipc/executor.py [--src base=/tmp/base/src --src head=src]
         [--concurrency 8,64,256] [--seconds 4] [--rounds 3] [--out benchmarks/results/ipc_executor.json]
@@ -49,6 +50,8 @@ dynamic_batching { max_queue_delay_microseconds: 500 }
 instance_group [ { count: 2, kind: KIND_CPU } ]
 """
 WARMUP_S = 1.0
+CPROFILE_ENV = "INFERMUX_BENCH_CPROFILE"
+"""Set by ``--cprofile``: where the executor writes its cProfile statistics."""
 
 
 def write_repository(root: Path) -> Path:
@@ -70,7 +73,21 @@ def executor(repo: str, spec: Any, ready: Any, stop: Any) -> None:
     os.sched_setaffinity(0, {0})
     from infermux.processes.common import run
 
-    run(_serve(Path(repo), spec, ready, stop))
+    profile_to = os.environ.get(CPROFILE_ENV)
+    if not profile_to:
+        run(_serve(Path(repo), spec, ready, stop))
+        return
+    import cProfile
+
+    # Deterministic call counts per frame, at the price of ~2.4x the CPU per request (the
+    # profiler's own): read the shares and the counts, not the absolute times.
+    profile = cProfile.Profile()
+    profile.enable()
+    try:
+        run(_serve(Path(repo), spec, ready, stop))
+    finally:
+        profile.disable()
+        profile.dump_stats(profile_to)
 
 
 async def _serve(repo: Path, spec: Any, ready: Any, stop: Any) -> None:
@@ -217,6 +234,75 @@ KEYS = (
 )
 
 
+# What the executor does per frame, by function: (file suffix, function name), as the profile
+# names them. A frame is one Infer (a micro-batch of up to --group requests).
+STAGES = {
+    "frames taken off the ring, decoded, dispatched": ("channel_server.py", "_dispatch"),
+    "  a task per frame, its deadline and done callback": ("channel_server.py", "_start_infer"),
+    "  the frame's input tensors read from the arena": ("channel_server.py", "_request"),
+    "the data plane: route, validate, queue, account": ("plane.py", "infer_many"),
+    "  route": ("router.py", "route"),
+    "  inputs checked against the config": ("inputs.py", "to_model_request"),
+    "  queued with the batcher": ("batcher.py", "submit"),
+    "  statistics": ("outcomes.py", "succeeded"),
+    "the answer's tensors written into the arena": ("channel_server.py", "_place"),
+    "frames written and doorbells rung": ("link.py", "send"),
+    "the batcher: batches formed, run, completed": ("batcher.py", "_work"),
+    "  outputs cut per request and checked": ("outputs.py", "to_output_tensors"),
+}
+
+
+def profile_point(src: str, concurrency: int, args: argparse.Namespace) -> None:
+    import pstats
+
+    os.environ[CPROFILE_ENV] = str(args.cprofile.resolve())
+    with tempfile.TemporaryDirectory() as tmp:
+        reading = run_point(src, write_repository(Path(tmp)), concurrency, args.seconds, args.group)
+    stats: Any = pstats.Stats(str(args.cprofile))  # its stats table is untyped
+    table = stats.stats
+    total = sum(tottime for _, _, tottime, _, _ in table.values())
+
+    def cumulative(suffix: str, name: str) -> tuple[int, float]:
+        found = [
+            (primitive, cumtime)
+            for (path, _, function), (primitive, _, _, cumtime, _) in table.items()
+            if function == name and path.endswith(suffix)
+        ]
+        return max(found, key=lambda item: item[1]) if found else (0, 0.0)
+
+    frames, _ = cumulative("channel_server.py", "_start_infer")
+    drains, _ = cumulative("channel_server.py", "_dispatch")
+    lines = [
+        f"# The executor under cProfile: c={concurrency}, --group {args.group}",
+        "",
+        f"{frames:,} frames ({frames / max(drains, 1):.1f} per drain of the ring), "
+        f"{reading['average_batch']:.1f} requests per execution; under the "
+        f"profiler {reading['executor_us_per_request']:.1f} µs of executor CPU per request "
+        f"({total:.2f} s profiled). Cumulative time per frame (a coroutine's resumptions each "
+        "count as a call).",
+        "",
+        "| stage | µs per frame | share of the profiled time |",
+        "|---|---:|---:|",
+    ]
+    for label, (suffix, name) in STAGES.items():
+        _, cumtime = cumulative(suffix, name)
+        lines.append(f"| {label} | {cumtime / max(frames, 1) * 1e6:.1f} | {cumtime / total:.0%} |")
+    loop_own = sum(
+        tottime
+        for (path, _, function), (_, _, tottime, _, _) in table.items()
+        if function == "run" and path.endswith("runners.py")
+    )
+    lines.append(
+        "| the event loop's own time (uvloop's C: callbacks, task steps, and its waits in "
+        "epoll: cProfile times the wall clock) "
+        f"| {loop_own / max(frames, 1) * 1e6:.1f} | {loop_own / total:.0%} |"
+    )
+    lines.append("")
+    lines.append("Only the loop's thread is profiled (the model runs on its instance threads).")
+    args.cprofile.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--src", action="append", default=[], metavar="NAME=DIR")
@@ -227,6 +313,13 @@ def main() -> None:
     parser.add_argument(
         "--group", type=int, default=64, help="the front end's micro-batch limit (1: none)"
     )
+    parser.add_argument(
+        "--cprofile",
+        type=Path,
+        metavar="FILE",
+        help="run one point (the first tree and concurrency) with the executor under cProfile; "
+        "its statistics go to FILE, the hot path's calls per frame to FILE.md",
+    )
     parser.add_argument("--point", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.point:
@@ -235,6 +328,9 @@ def main() -> None:
         return
     sources = dict(s.split("=", 1) for s in args.src) or {"head": str(Path("src").resolve())}
     levels = [int(c) for c in args.concurrency.split(",")]
+    if args.cprofile:
+        profile_point(next(iter(sources.values())), levels[0], args)
+        return
     samples: dict[str, dict[int, list[dict[str, float]]]] = {
         name: {c: [] for c in levels} for name in sources
     }
