@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import numpy as np
+from tritonclient.grpc import InferInput
 
 from infermux.errors import (
     ErrorCode,
@@ -237,3 +238,8 @@ class FakePlane:
             self.traced.append((model, changes))
         level = ["TIMESTAMPS"] if changes and changes.get("trace_level") else ["OFF"]
         return {"trace_level": level, "trace_rate": "1000", "trace_mode": "opentelemetry"}
+
+
+def fp32_input(values: list[float]) -> InferInput:
+    array = np.array([values], dtype=np.float32)
+    return InferInput("INPUT0", list(array.shape), "FP32").set_data_from_numpy(array)
