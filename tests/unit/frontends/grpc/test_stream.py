@@ -5,6 +5,7 @@ aio client or by raw stream calls where the client hides what is checked."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -60,6 +61,19 @@ async def test_stream_with_no_requests_ends(client: Any) -> None:
     assert [a async for a in client.stream_infer(requests())] == []
 
 
+@contextlib.asynccontextmanager
+async def raw_stream(plane: FakePlane, **options: Any) -> AsyncIterator[Any]:
+    """A ModelStreamInfer call on a server over ``plane``, bytes in and out: the checks here
+    read what tritonclient hides or could not send (unread replies, raw flags)."""
+    server = GrpcServer(plane, addresses=["127.0.0.1:0"], graceful_timeout=1, **options)
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.bound_port}") as channel:
+            yield channel.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer")()
+    finally:
+        await server.stop()
+
+
 class CountingPlane(FakePlane):
     def __init__(self) -> None:
         super().__init__()
@@ -72,24 +86,18 @@ class CountingPlane(FakePlane):
 
 async def test_a_stream_reads_no_more_than_its_in_flight_bound() -> None:
     plane = CountingPlane()
-    server = GrpcServer(plane, addresses=["127.0.0.1:0"], stream_in_flight=2, graceful_timeout=1)
-    await server.start()
-    try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.bound_port}") as channel:
-            call = channel.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer")()
-            for i in range(5):  # small: grpc buffers them, the writes do not wait
-                request = service_pb2.ModelInferRequest(model_name="gated", id=str(i))
-                await call.write(request.SerializeToString())
-            await asyncio.wait_for(plane.entered.wait(), 10)
-            await asyncio.sleep(0.3)  # time enough for a third read, were it allowed
-            assert plane.started == 2
-            plane.gate.set()
-            await call.done_writing()
-            answers = [service_pb2.ModelStreamInferResponse.FromString(m) async for m in call]
-            assert sorted(a.infer_response.id for a in answers) == ["0", "1", "2", "3", "4"]
-            assert plane.started == 5
-    finally:
-        await server.stop()
+    async with raw_stream(plane, stream_in_flight=2) as call:
+        for i in range(5):  # small: grpc buffers them, the writes do not wait
+            request = service_pb2.ModelInferRequest(model_name="gated", id=str(i))
+            await call.write(request.SerializeToString())
+        await asyncio.wait_for(plane.entered.wait(), 10)
+        await asyncio.sleep(0.3)  # time enough for a third read, were it allowed
+        assert plane.started == 2
+        plane.gate.set()
+        await call.done_writing()
+        answers = [service_pb2.ModelStreamInferResponse.FromString(m) async for m in call]
+        assert sorted(a.infer_response.id for a in answers) == ["0", "1", "2", "3", "4"]
+        assert plane.started == 5
 
 
 def ticker(request_id: str, count: int, **flags: bool) -> bytes:
@@ -101,20 +109,11 @@ def ticker(request_id: str, count: int, **flags: bool) -> bytes:
 
 
 async def test_a_stream_carries_many_responses_per_request_with_the_final_flag() -> None:
-    plane = FakePlane()
-    server = GrpcServer(plane, addresses=["127.0.0.1:0"], graceful_timeout=1)
-    await server.start()
-    try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.bound_port}") as channel:
-            call = channel.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer")()
-            await call.write(
-                ticker("a", 3, triton_enable_empty_final_response=True, fail_second=True)
-            )
-            await call.write(ticker("b", 2))  # no empty final response asked for
-            await call.done_writing()
-            answers = [service_pb2.ModelStreamInferResponse.FromString(m) async for m in call]
-    finally:
-        await server.stop()
+    async with raw_stream(FakePlane()) as call:
+        await call.write(ticker("a", 3, triton_enable_empty_final_response=True, fail_second=True))
+        await call.write(ticker("b", 2))  # no empty final response asked for
+        await call.done_writing()
+        answers = [service_pb2.ModelStreamInferResponse.FromString(m) async for m in call]
     a = [m for m in answers if m.infer_response.id == "a"]
     b = [m for m in answers if m.infer_response.id == "b"]
     assert [m.error_message for m in a] == ["", "second response failed", "", ""]
@@ -136,19 +135,13 @@ async def test_a_stream_carries_many_responses_per_request_with_the_final_flag()
 
 async def test_a_client_that_stops_reading_holds_a_streaming_request_back() -> None:
     plane = FakePlane()
-    server = GrpcServer(plane, addresses=["127.0.0.1:0"], stream_in_flight=2, graceful_timeout=1)
-    await server.start()
-    try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.bound_port}") as channel:
-            call = channel.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer")()
-            await call.write(ticker("slow", 400))  # 400 x 64 KiB = 25 MiB if nothing held it
-            await asyncio.sleep(1.0)  # the client reads nothing meanwhile
-            held = plane.streamed
-            assert held < 200, held  # flow control plus a bounded buffer, not the whole stream
-            await call.done_writing()
-            count = 0
-            async for _ in call:
-                count += 1
-            assert count == 400  # reading again, everything comes, then the stream ends
-    finally:
-        await server.stop()
+    async with raw_stream(plane, stream_in_flight=2) as call:
+        await call.write(ticker("slow", 400))  # 400 x 64 KiB = 25 MiB if nothing held it
+        await asyncio.sleep(1.0)  # the client reads nothing meanwhile
+        held = plane.streamed
+        assert held < 200, held  # flow control plus a bounded buffer, not the whole stream
+        await call.done_writing()
+        count = 0
+        async for _ in call:
+            count += 1
+        assert count == 400  # reading again, everything comes, then the stream ends
