@@ -63,6 +63,11 @@ DISABLED = "CUDA shared memory is disabled: start infermux serve with --allow-cl
 # Read on the device only where the bytes need no host-side parsing or checking.
 _HOST_ONLY = ("BYTES", "BOOL")
 
+AllocationSizes = dict[int, int]
+"""The sizes of the CUDA allocations behind regions, by the region's mapped pointer, as the
+driver reported them for one micro-batch's reads: its requests' slices of one region are held to
+one answer (``CudaSharedMemoryRegistry._check_allocation``)."""
+
 
 class CudaCallError(Exception):
     """A CUDA runtime call failed; the message names the call and CUDA's error."""
@@ -183,6 +188,9 @@ class CudaSharedMemoryRegistry:
             raise UnsupportedError(DISABLED)
 
     def _runtime(self) -> CudaIpc:
+        ipc = self._ipc  # set once: the lock only guards its creation
+        if ipc is not None:
+            return ipc
         with self._lock:
             if self._ipc is None:
                 self._ipc = self._make_ipc()
@@ -265,11 +273,14 @@ class CudaSharedMemoryRegistry:
         for region in regions:
             region.closer()
 
-    def read(self, tensor: Tensor, *, on_device: bool) -> DeviceArray | npt.NDArray[np.generic]:
+    def read(
+        self, tensor: Tensor, *, on_device: bool, sizes: AllocationSizes | None = None
+    ) -> DeviceArray | npt.NDArray[np.generic]:
         """An input placed in a CUDA region: a device view when ``on_device`` (and the datatype
-        allows), else a host copy."""
+        allows), else a host copy. ``sizes``: the allocation sizes already asked for the
+        micro-batch this input is read for."""
         what = f"input '{tensor.name}'"
-        region, start, size = self._slice(what, tensor.parameters)
+        region, start, size = self._slice(what, tensor.parameters, sizes)
         if on_device and tensor.datatype not in _HOST_ONLY:
             check_fixed_size(what, tensor, size)
             dtype = numpy_dtype(tensor.datatype)
@@ -282,16 +293,21 @@ class CudaSharedMemoryRegistry:
         return tensor_from_bytes(tensor.name, tensor.datatype, tensor.shape, raw.tobytes())
 
     def destination(
-        self, name: str, datatype: str, shape: tuple[int, ...], parameters: Parameters
+        self,
+        name: str,
+        datatype: str,
+        shape: tuple[int, ...],
+        parameters: Parameters,
+        sizes: AllocationSizes | None = None,
     ) -> DeviceArray | None:
         """Where output ``name`` of ``shape`` goes in the CUDA region its parameters name, as
         a device view a GPU backend may copy into (None for datatypes answered from host
-        bytes); the slice is checked as a :meth:`write` checks it."""
+        bytes); the slice is checked as a :meth:`write` checks it (``sizes``: as :meth:`read`)."""
         if datatype in _HOST_ONLY:
             return None
         dtype = numpy_dtype(datatype)
         what = f"output '{name}'"
-        region, start, size = self._slice(what, parameters)
+        region, start, size = self._slice(what, parameters, sizes)
         if size < math.prod(shape) * dtype.itemsize:
             return None  # the host path says what does not fit
         return DeviceArray(start, shape, dtype, region.info.device_id, region)
@@ -313,30 +329,47 @@ class CudaSharedMemoryRegistry:
             ) from None
         return placed(tensor, parameters, len(raw))
 
-    def _slice(self, what: str, parameters: Parameters) -> tuple[_Region, int, int]:
+    def _slice(
+        self, what: str, parameters: Parameters, sizes: AllocationSizes | None = None
+    ) -> tuple[_Region, int, int]:
         self._check_enabled()
         name, offset, size = shm_reference(what, parameters)
         region = self._regions.get(name)
         if region is None:
             raise InvalidArgumentError(f"{what}: shared memory region '{name}' is not registered")
         check_bounds(what, name, offset, size, region.info.byte_size)
-        self._check_allocation(what, region, offset, size)
+        self._check_allocation(what, region, offset, size, sizes)
         return region, region.pointer + offset, size
 
-    def _check_allocation(self, what: str, region: _Region, offset: int, size: int) -> None:
+    def _check_allocation(
+        self,
+        what: str,
+        region: _Region,
+        offset: int,
+        size: int,
+        sizes: AllocationSizes | None,
+    ) -> None:
         """Refuse a slice past the end of the allocation the handle maps, as the driver reports
         it before this copy (or device view). Registration already held the client's byte_size
         to it, and an allocation cannot shrink (one its owner frees stays mapped here until the
         handle is closed: seen on an H200, driver 580); asking again costs about 2 µs and means
         no copy rests on a check made elsewhere. A copy past the real end is an illegal
-        address, which poisons the CUDA context of every model on the device."""
+        address, which poisons the CUDA context of every model on the device.
+
+        A micro-batch's requests share one answer per region (``sizes``): perf_analyzer's
+        requests all name the same few regions, and asking once per request was ~12% of the
+        executor's loop on the CUDA-shm path (``docs/decisions.md``)."""
         name = region.info.name
-        try:
-            available = self._runtime().allocation_size(region.pointer, region.info.device_id)
-        except CudaCallError as exc:
-            raise InvalidArgumentError(
-                f"{what}: shared memory region '{name}' maps no CUDA allocation any more: {exc}"
-            ) from None
+        available = sizes.get(region.pointer) if sizes is not None else None
+        if available is None:
+            try:
+                available = self._runtime().allocation_size(region.pointer, region.info.device_id)
+            except CudaCallError as exc:
+                raise InvalidArgumentError(
+                    f"{what}: shared memory region '{name}' maps no CUDA allocation any more: {exc}"
+                ) from None
+            if sizes is not None:
+                sizes[region.pointer] = available
         if offset + size > available:
             raise InvalidArgumentError(
                 f"{what}: offset {offset} + byte size {size} is past the end of the CUDA "

@@ -24,6 +24,7 @@ from infermux.types import InferRequest, InferResponse, RequestedOutput
 
 from . import streams
 from .classification import classified, wanted_classes
+from .cuda_shared_memory import AllocationSizes
 from .inputs import InputLimits, to_model_request
 from .micro_batches import (
     Ungroupable,
@@ -158,8 +159,9 @@ class Inference:
         try:
             regions = self._regions
             on_device = model.accepts_device_inputs
+            sizes: AllocationSizes = {}  # one driver call per CUDA region for the micro-batch
             stacked, device = stacked_request(
-                request, len(rows), inputs_apart, regions, staged, on_device=on_device
+                request, len(rows), inputs_apart, regions, staged, on_device=on_device, sizes=sizes
             )
             wanted: list[list[RequestedOutput]] = []
             to_device: dict[str, DeviceParts] = {}
@@ -168,7 +170,7 @@ class Inference:
                 check_output_regions(model.config, wanted, rows, regions)
                 stacked.outputs = [RequestedOutput(o.name) for o in wanted[0]]
                 if on_device:
-                    to_device = device_destinations(model.config, wanted, rows, regions)
+                    to_device = device_destinations(model.config, wanted, rows, regions, sizes)
             written: set[str] = set()
             response = await self._infer(
                 route, stacked, started, rows, device, to_device=to_device, written=written

@@ -31,6 +31,7 @@ from infermux.types import (
     numpy_dtype,
 )
 
+from .cuda_shared_memory import AllocationSizes
 from .regions import Regions
 from .shared_memory import placed as placed_tensor
 
@@ -81,19 +82,22 @@ def stacked_request(
     staged: list[Block],
     *,
     on_device: bool,
+    sizes: AllocationSizes | None = None,
 ) -> tuple[InferRequest, dict[str, DeviceParts]]:
     """``request`` with each input's per-request shared-memory parts read into one array, and
     the inputs whose parts stay in GPU memory (CUDA regions, for a model that reads them there,
-    ``on_device``): each request's rows where its client put them, gathered by the batch."""
+    ``on_device``): each request's rows where its client put them, gathered by the batch.
+    ``sizes``: the micro-batch's CUDA allocation sizes (``Regions.read_stacked``)."""
     if not inputs_apart:
         return InferRequest(request.model_name, request.model_version, request.inputs), {}
     parts = per_request(request.inputs, count)
     inputs = []
     device: dict[str, DeviceParts] = {}
+    sizes = {} if sizes is None else sizes
     for index, first in enumerate(parts[0]):
         tensors = [p[index] for p in parts]
         try:
-            data = regions.read_stacked(tensors, staged, on_device=on_device)
+            data = regions.read_stacked(tensors, staged, on_device=on_device, sizes=sizes)
         except InfermuxError as exc:  # one request's mistake must be its own
             raise Ungroupable(f"a request's input cannot be read: {exc.message}") from None
         if isinstance(data, DeviceParts):
@@ -132,13 +136,16 @@ def device_destinations(
     wanted: list[list[RequestedOutput]],
     rows: Sequence[int],
     regions: Regions,
+    sizes: AllocationSizes | None = None,
 ) -> dict[str, DeviceParts]:
     """The outputs that every request of a micro-batch wants in a CUDA region, as one device
     part per request (its rows' place in its region): a GPU backend may copy them there device
     to device instead of through host memory. Only outputs of fixed size and a datatype with
     device bytes; ones a request asks with more than a place (e.g. classification) stay on the
-    host path, as do any that :meth:`place_apart` would refuse."""
+    host path, as do any that :meth:`place_apart` would refuse. ``sizes``: as
+    :func:`stacked_request`'s."""
     destinations: dict[str, DeviceParts] = {}
+    sizes = {} if sizes is None else sizes
     for index, first in enumerate(wanted[0]):
         spec = config.output(first.name)
         if spec is None or any(d < 1 for d in spec.dims):
@@ -153,7 +160,7 @@ def device_destinations(
                 break
             try:
                 part = regions.cuda.destination(
-                    spec.name, spec.datatype, (count, *spec.dims), output.parameters
+                    spec.name, spec.datatype, (count, *spec.dims), output.parameters, sizes
                 )
             except InfermuxError:
                 break  # the host path fails the request with the reason

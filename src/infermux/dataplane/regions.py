@@ -13,7 +13,7 @@ from infermux.errors import ErrorCode, InfermuxError
 from infermux.ipc.arena import Block
 from infermux.types import SHM_REGION, DeviceArray, InferRequest, Tensor, uses_shared_memory
 
-from .cuda_shared_memory import CudaSharedMemoryRegistry
+from .cuda_shared_memory import AllocationSizes, CudaSharedMemoryRegistry
 from .shared_memory import SharedMemoryRegistry
 
 
@@ -54,20 +54,28 @@ class Regions:
         return device
 
     def read_stacked(
-        self, tensors: list[Tensor], staged: list[Block], *, on_device: bool
+        self,
+        tensors: list[Tensor],
+        staged: list[Block],
+        *,
+        on_device: bool,
+        sizes: AllocationSizes | None = None,
     ) -> npt.NDArray[np.generic] | DeviceParts:
         """Several requests' data of one input (a micro-batch's), each in its own region, their
         rows stacked: left where they lie as :class:`DeviceParts` when every one is in a CUDA
         region and the model reads them there (``on_device``), so the batch gathers them device
-        to device; else copied to the host, system regions' into one ``staged`` block."""
+        to device; else copied to the host, system regions' into one ``staged`` block.
+        ``sizes``: the CUDA allocations' sizes asked for this micro-batch so far (one driver
+        call per region, not per request); a fresh one when None."""
         cuda = [self.cuda.has(str(t.parameters.get(SHM_REGION, ""))) for t in tensors]
         if not any(cuda):
             return self.shm.read_stacked(tensors, staged)
         # Both kinds in one micro-batch (a front end that did not know a system region yet):
         # rare, so the host path, as a single request's read would give a host model.
         device = on_device and all(cuda)
+        sizes = {} if sizes is None else sizes
         parts = [
-            self.cuda.read(t, on_device=device) if in_cuda else self.shm.read(t)
+            self.cuda.read(t, on_device=device, sizes=sizes) if in_cuda else self.shm.read(t)
             for t, in_cuda in zip(tensors, cuda, strict=True)
         ]
         gpu = tuple(p for p in parts if isinstance(p, DeviceArray))

@@ -271,3 +271,38 @@ def test_device_destinations_leave_outputs_asked_with_more_than_a_place_on_the_h
     assert device_destinations(config, strings, [1, 1], regions) == {}
     gone = [RequestedOutput("Y", region("nope", 0, 1))]
     assert device_destinations(config, [[y[0]], gone], [1, 1], regions) == {}
+
+
+async def test_a_micro_batch_asks_the_driver_once_per_region_and_still_holds_each_slice(
+    tmp_path: Path, ipc: FakeIpc, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every request of perf_analyzer's names the same few regions: the driver was asked about
+    # the allocation once per slice (~12% of the executor's loop on this path); now once per
+    # region and micro-batch, and every slice is still held to that answer.
+    backend = PlusOneBackend(ipc, writes_outputs=True)
+    repository, plane = await serving(tmp_path, backend)
+    asked: list[int] = []
+    size_of = ipc.allocation_size
+
+    def counted(pointer: int, device_id: int) -> int:
+        asked.append(pointer)
+        return size_of(pointer, device_id)
+
+    monkeypatch.setattr(ipc, "allocation_size", counted)
+    try:
+        fill(ipc, HANDLE, 6)
+        rows = [2, 1, 3]
+        await plane.infer_many(micro_batch(rows), rows, inputs_apart=True, outputs_apart=True)
+        assert sorted(asked) == sorted(ipc.bases)  # 'in' once, 'out' once
+        assert written(ipc, 6) == [1, 2, 3, 4, 5, 6]
+        # The allocation behind 'in' shrank to four rows after its registration: the request
+        # whose rows lie past them makes the micro-batch ungroupable (it then fails alone).
+        del ipc.memory[HANDLE][4 * ROW :]
+        asked.clear()
+        with pytest.raises(Ungroupable, match="past the end of the CUDA allocation of 64 bytes"):
+            await plane.infer_many(micro_batch(rows), rows, inputs_apart=True, outputs_apart=True)
+        assert len(asked) == 1
+        assert len(backend.batches) == 1
+    finally:
+        plane.close()
+        await repository.close()
