@@ -13,9 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import infermux
-from infermux.backends.base import ModelRequest
+from infermux.backends.base import DeviceParts, ModelRequest
 from infermux.backends.stacking import compatible, split, stack
 from infermux.errors import InvalidArgumentError
+from infermux.types import DeviceArray
 
 DTYPES = [np.bool_, np.int8, np.uint16, np.int32, np.int64, np.float16, np.float32, np.float64]
 
@@ -117,3 +118,17 @@ def test_model_authors_get_the_contract_and_the_helpers_from_infermux() -> None:
         (1, 2),
         (3, 2),
     ]
+
+
+def test_device_parts_know_their_rows_and_refuse_to_be_empty() -> None:
+    fp16 = np.dtype(np.float16)
+    parts = DeviceParts(
+        tuple(DeviceArray(4096 * i, (n, 3, 8), fp16, 0) for i, n in enumerate([2, 1, 5]))
+    )
+    assert parts.shape == (8, 3, 8)
+    assert ModelRequest({}, ("y",), device_inputs={"x": parts}).batch_size == 8
+    flat = parts.reshape((8, 24))
+    assert flat.shape == (8, 24)
+    assert [p.shape for p in flat.parts] == [(2, 24), (1, 24), (5, 24)]
+    with pytest.raises(ValueError, match="at least one part"):
+        DeviceParts(())
