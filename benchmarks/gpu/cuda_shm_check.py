@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
 import torch
 
-from infermux.dataplane.cuda_shared_memory import CudaRuntime
+from infermux.dataplane.cuda_ipc import CudaRuntime
 
 
 def _ctypes_query() -> Callable[[int], int]:

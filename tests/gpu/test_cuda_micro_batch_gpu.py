@@ -19,7 +19,8 @@ import infermux.dataplane.inference as inference_module
 from infermux.backends import BackendRegistry, ModelRequest
 from infermux.backends.base import DeviceParts, ExecuteResult
 from infermux.dataplane import DataPlane
-from infermux.dataplane.cuda_shared_memory import CudaRuntime, CudaSharedMemoryRegistry
+from infermux.dataplane.cuda_ipc import CudaRuntime
+from infermux.dataplane.cuda_shared_memory import CudaSharedMemoryRegistry
 from infermux.model_config import DynamicBatchingConfig
 from infermux.repository import ControlMode, ModelRepository
 from infermux.scheduling import DynamicBatcher

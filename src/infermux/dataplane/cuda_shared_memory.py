@@ -7,25 +7,26 @@ memory (PyTorch) as a :class:`~infermux.types.DeviceArray`, gathered device to d
 instance's buffers, so an image never travels through host memory. Other backends, and BYTES or
 BOOL inputs (whose contents must be parsed or checked on the host), get a host copy. Outputs of a
 micro-batch that a CUDA graph runs are copied device to device into their regions by the batch
-itself (:meth:`CudaSharedMemoryRegistry.destination`); other outputs are computed into pinned host
+itself (:meth:`CudaSharedMemoryRegistry.destinations`); other outputs are computed into pinned host
 memory and copied host to device into the region. The size a
 client registers is held to the allocation the driver says the handle maps
-(``cuMemGetAddressRange``), at registration and before every copy.
+(``cuMemGetAddressRange``), at registration and before every copy (a micro-batch's requests
+share one query per region). A micro-batch's slices of one input or output are checked in one
+pass (``device_views``, ``destinations``); any doubt sends them through the general path, one
+by one, which names what is wrong.
 
-CUDA is reached through NVIDIA's ``cuda-python`` bindings (the ``gpu`` extra), imported when the
-first region is registered; without them, or without a GPU, registration fails with the reason.
+CUDA is reached through NVIDIA's ``cuda-python`` bindings (the ``gpu`` extra, ``cuda_ipc.py``),
+imported when the first region is registered; without them, or without a GPU, registration
+fails with the reason.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import importlib
 import math
 import threading
 import weakref
-from collections.abc import Callable
-from typing import Any, Protocol
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -40,6 +41,9 @@ from infermux.errors import (
 )
 from infermux.tensor_bytes import tensor_from_bytes, tensor_to_bytes
 from infermux.types import (
+    SHM_BYTE_SIZE,
+    SHM_OFFSET,
+    SHM_REGION,
     CudaSharedMemoryRegion,
     DeviceArray,
     Parameters,
@@ -47,6 +51,7 @@ from infermux.types import (
     numpy_dtype,
 )
 
+from .cuda_ipc import IPC_HANDLE_SIZE, CudaCallError, CudaIpc, CudaRuntime
 from .shared_memory import (
     DEFAULT_MAX_REGIONS,
     check_bounds,
@@ -56,104 +61,16 @@ from .shared_memory import (
     shm_reference,
 )
 
-IPC_HANDLE_SIZE = 64  # CUDA_IPC_HANDLE_SIZE
-
 DISABLED = "CUDA shared memory is disabled: start infermux serve with --allow-client-shm to use it"
 
 # Read on the device only where the bytes need no host-side parsing or checking.
 _HOST_ONLY = ("BYTES", "BOOL")
+_PLAIN_REFERENCE = frozenset((SHM_REGION, SHM_OFFSET, SHM_BYTE_SIZE))
 
 AllocationSizes = dict[int, int]
 """The sizes of the CUDA allocations behind regions, by the region's mapped pointer, as the
 driver reported them for one micro-batch's reads: its requests' slices of one region are held to
 one answer (``CudaSharedMemoryRegistry._check_allocation``)."""
-
-
-class CudaCallError(Exception):
-    """A CUDA runtime call failed; the message names the call and CUDA's error."""
-
-
-class CudaIpc(Protocol):
-    """The CUDA calls the registry makes (a stand-in replaces it in tests without a GPU)."""
-
-    def open(self, handle: bytes, device_id: int) -> int:
-        """Map a peer's allocation; returns its device pointer in this process."""
-        ...
-
-    def close(self, pointer: int, device_id: int) -> None: ...
-
-    def allocation_size(self, pointer: int, device_id: int) -> int:
-        """Bytes of the allocation ``pointer`` lies in, from ``pointer`` to its end (what the
-        driver says, not what the client claimed); raises :class:`CudaCallError` when
-        ``pointer`` is in no allocation any more."""
-        ...
-
-    def to_host(self, pointer: int, target: npt.NDArray[np.generic], device_id: int) -> None:
-        """Copy ``target.nbytes`` bytes from the device into the host array ``target``."""
-        ...
-
-    def from_host(self, pointer: int, data: bytes, device_id: int) -> None: ...
-
-
-class CudaRuntime:
-    """:class:`CudaIpc` over ``cuda.bindings.runtime`` (cuda-python)."""
-
-    def __init__(self) -> None:
-        try:
-            import cuda.bindings.runtime as cudart
-        except ImportError as exc:
-            raise UnsupportedError(
-                "CUDA shared memory needs NVIDIA's cuda-python bindings: "
-                "pip install 'infermux[gpu]'"
-            ) from exc
-        self._rt: Any = cudart
-        self._driver: Any = importlib.import_module("cuda.bindings.driver")  # same package
-        try:
-            count = self._call("cudaGetDeviceCount")
-        except CudaCallError as exc:
-            raise UnsupportedError(f"CUDA shared memory needs a GPU: {exc}") from None
-        if not count:
-            raise UnsupportedError("CUDA shared memory needs a GPU, and CUDA sees none")
-        self.device_count = int(count)
-
-    def _call(self, function: str, *args: Any) -> Any:
-        result = getattr(self._rt, function)(*args)
-        error, values = result[0], result[1:]
-        if error != self._rt.cudaError_t.cudaSuccess:
-            _, name = self._rt.cudaGetErrorName(error)
-            raise CudaCallError(f"{function} failed: {name.decode()}")
-        return values[0] if len(values) == 1 else None
-
-    def open(self, handle: bytes, device_id: int) -> int:
-        self._call("cudaSetDevice", device_id)
-        ipc_handle = self._rt.cudaIpcMemHandle_t()
-        # cuda-bindings 13 exposes the handle only through the address of its 64-byte struct.
-        ctypes.memmove(ipc_handle.getPtr(), handle, IPC_HANDLE_SIZE)
-        flags = self._rt.cudaIpcMemLazyEnablePeerAccess
-        return int(self._call("cudaIpcOpenMemHandle", ipc_handle, flags))
-
-    def close(self, pointer: int, device_id: int) -> None:
-        self._call("cudaSetDevice", device_id)
-        self._call("cudaIpcCloseMemHandle", pointer)
-
-    def allocation_size(self, pointer: int, device_id: int) -> int:
-        self._call("cudaSetDevice", device_id)  # makes the device's primary context current
-        error, base, size = self._driver.cuMemGetAddressRange(pointer)
-        if error != self._driver.CUresult.CUDA_SUCCESS:
-            _, name = self._driver.cuGetErrorName(error)
-            raise CudaCallError(f"cuMemGetAddressRange failed: {name.decode()}")
-        return int(base) + int(size) - pointer
-
-    def to_host(self, pointer: int, target: npt.NDArray[np.generic], device_id: int) -> None:
-        self._call("cudaSetDevice", device_id)
-        kind = self._rt.cudaMemcpyKind.cudaMemcpyDeviceToHost
-        self._call("cudaMemcpy", target.ctypes.data, pointer, target.nbytes, kind)
-
-    def from_host(self, pointer: int, data: bytes, device_id: int) -> None:
-        self._call("cudaSetDevice", device_id)
-        source = np.frombuffer(data, dtype=np.uint8)
-        kind = self._rt.cudaMemcpyKind.cudaMemcpyHostToDevice
-        self._call("cudaMemcpy", pointer, source.ctypes.data, len(data), kind)
 
 
 class _Region:
@@ -292,25 +209,100 @@ class CudaSharedMemoryRegistry:
             raise InternalError(f"{what}: cannot read region '{region.info.name}': {exc}") from None
         return tensor_from_bytes(tensor.name, tensor.datatype, tensor.shape, raw.tobytes())
 
-    def destination(
-        self,
-        name: str,
-        datatype: str,
-        shape: tuple[int, ...],
-        parameters: Parameters,
-        sizes: AllocationSizes | None = None,
-    ) -> DeviceArray | None:
-        """Where output ``name`` of ``shape`` goes in the CUDA region its parameters name, as
-        a device view a GPU backend may copy into (None for datatypes answered from host
-        bytes); the slice is checked as a :meth:`write` checks it (``sizes``: as :meth:`read`)."""
-        if datatype in _HOST_ONLY:
+    def device_views(
+        self, tensors: Sequence[Tensor], sizes: AllocationSizes
+    ) -> tuple[DeviceArray, ...] | None:
+        """One input of a micro-batch, every request's rows as a device view, when each slice
+        is plainly valid: what :meth:`read` with ``on_device`` gives one by one, with the same
+        checks made inline in one pass. None when any is not (a region of another kind or
+        none, a host-only datatype, a bad reference or size, a slice out of bounds):
+        :meth:`read` then takes them one by one and names what is wrong.
+
+        Why a second path: the general one spent ~5 µs of the executor's loop per slice on
+        references, bounds and views, the largest per-request cost over CUDA shm
+        (``docs/benchmarks.md``, *The CUDA-shm executor path, profiled again*)."""
+        datatype = tensors[0].datatype
+        if not self.enabled or datatype in _HOST_ONLY:
             return None
-        dtype = numpy_dtype(datatype)
-        what = f"output '{name}'"
-        region, start, size = self._slice(what, parameters, sizes)
-        if size < math.prod(shape) * dtype.itemsize:
-            return None  # the host path says what does not fit
-        return DeviceArray(start, shape, dtype, region.info.device_id, region)
+        try:
+            dtype = numpy_dtype(datatype)
+        except InfermuxError:
+            return None
+        itemsize = dtype.itemsize
+        views = []
+        for tensor in tensors:
+            parameters = tensor.parameters
+            place = self._place(parameters, sizes)
+            if place is None or tensor.datatype != datatype:
+                return None
+            region, offset, size = place
+            if size != math.prod(tensor.shape) * itemsize:
+                return None
+            info = region.info
+            views.append(
+                DeviceArray(region.pointer + offset, tensor.shape, dtype, info.device_id, region)
+            )
+        return tuple(views)
+
+    def destinations(
+        self,
+        datatype: str,
+        row: tuple[int, ...],
+        places: Sequence[Parameters],
+        rows: Sequence[int],
+        sizes: AllocationSizes,
+    ) -> tuple[DeviceArray, ...] | None:
+        """Where one output of a micro-batch goes, request by request (``rows[i]`` rows of
+        shape ``row`` at ``places[i]``), as device views a GPU backend may copy into; the
+        slices checked as :meth:`write` checks them. None unless every place is a plain
+        reference (region, offset, byte size, nothing else) to room enough in a CUDA region
+        and the datatype has device bytes: the output then goes through the host, where
+        :meth:`write` names what is wrong."""
+        if not self.enabled or datatype in _HOST_ONLY:
+            return None
+        try:
+            dtype = numpy_dtype(datatype)
+        except InfermuxError:
+            return None
+        row_bytes = math.prod(row) * dtype.itemsize
+        views = []
+        for parameters, count in zip(places, rows, strict=True):
+            if not _PLAIN_REFERENCE.issuperset(parameters):
+                return None  # more than a place (e.g. classification): the host path
+            place = self._place(parameters, sizes)
+            if place is None:
+                return None
+            region, offset, size = place
+            if size < count * row_bytes:
+                return None
+            info = region.info
+            views.append(
+                DeviceArray(region.pointer + offset, (count, *row), dtype, info.device_id, region)
+            )
+        return tuple(views)
+
+    def _place(
+        self, parameters: Parameters, sizes: AllocationSizes
+    ) -> tuple[_Region, int, int] | None:
+        """:meth:`_slice`'s checks made inline, None for any slice it would refuse."""
+        name = parameters.get(SHM_REGION)
+        region = self._regions.get(name) if type(name) is str else None
+        offset = parameters.get(SHM_OFFSET, 0)
+        size = parameters.get(SHM_BYTE_SIZE)
+        # type() is not isinstance(): a bool is no offset or size, as shm_reference says.
+        if region is None or type(offset) is not int or type(size) is not int:
+            return None
+        if offset < 0 or size < 0 or offset + size > region.info.byte_size:
+            return None
+        available = sizes.get(region.pointer)
+        if available is None:
+            try:
+                self._check_allocation("", region, offset, size, sizes)
+            except InfermuxError:
+                return None
+        elif offset + size > available:
+            return None
+        return region, offset, size
 
     def write(self, tensor: Tensor, parameters: Parameters) -> Tensor:
         """Copy an output into the CUDA region its parameters name."""

@@ -23,7 +23,6 @@ from infermux.repository import LoadedModel
 from infermux.routing.policy import TrafficPolicy
 from infermux.types import (
     SHM_BYTE_SIZE,
-    SHM_OFFSET,
     SHM_REGION,
     InferRequest,
     RequestedOutput,
@@ -117,18 +116,26 @@ def check_output_regions(
 ) -> None:
     """Each request's output regions are registered and, where the config fixes the
     output's size, large enough; otherwise it must fail on its own."""
+    row_bytes: dict[str, int | None] = {}  # per output: fixed bytes per row (None: unknown)
     for mine_wanted, count in zip(wanted, rows, strict=True):
         for output in mine_wanted:
+            name = output.name
+            if name not in row_bytes:  # looked up once per output, not once per request
+                spec = config.output(name)
+                if spec is None:
+                    raise Ungroupable(f"output '{name}' of a request cannot be placed")
+                dims = spec.reshape if spec.reshape is not None else spec.dims
+                fixed = spec.datatype != "BYTES" and all(d > 0 for d in dims)
+                itemsize = numpy_dtype(spec.datatype).itemsize if fixed else 0
+                row_bytes[name] = math.prod(dims) * itemsize if fixed else None
             region = str(output.parameters.get(SHM_REGION, ""))
-            spec = config.output(output.name)
-            if spec is None or not (regions.shm.has(region) or regions.cuda.has(region)):
-                raise Ungroupable(f"output '{output.name}' of a request cannot be placed")
-            dims = spec.reshape if spec.reshape is not None else spec.dims
-            if spec.datatype != "BYTES" and all(d > 0 for d in dims):
-                need = count * math.prod(dims) * numpy_dtype(spec.datatype).itemsize
+            if not (regions.shm.has(region) or regions.cuda.has(region)):
+                raise Ungroupable(f"output '{name}' of a request cannot be placed")
+            per_row = row_bytes[name]
+            if per_row is not None:
                 size = output.parameters.get(SHM_BYTE_SIZE)
-                if not isinstance(size, int) or size < need:
-                    raise Ungroupable(f"output '{output.name}' of a request does not fit")
+                if not isinstance(size, int) or size < count * per_row:
+                    raise Ungroupable(f"output '{name}' of a request does not fit")
 
 
 def device_destinations(
@@ -150,25 +157,13 @@ def device_destinations(
         spec = config.output(first.name)
         if spec is None or any(d < 1 for d in spec.dims):
             continue
-        parts = []
-        for mine_wanted, count in zip(wanted, rows, strict=True):
-            output = mine_wanted[index]
-            region = str(output.parameters.get(SHM_REGION, ""))
-            if output.name != first.name or not regions.cuda.has(region):
-                break
-            if set(output.parameters) - {SHM_REGION, SHM_OFFSET, SHM_BYTE_SIZE}:
-                break
-            try:
-                part = regions.cuda.destination(
-                    spec.name, spec.datatype, (count, *spec.dims), output.parameters, sizes
-                )
-            except InfermuxError:
-                break  # the host path fails the request with the reason
-            if part is None:
-                break
-            parts.append(part)
-        else:
-            destinations[first.name] = DeviceParts(tuple(parts))
+        outputs = [mine_wanted[index] for mine_wanted in wanted]
+        if any(output.name != first.name for output in outputs):
+            continue
+        places = [output.parameters for output in outputs]
+        parts = regions.cuda.destinations(spec.datatype, spec.dims, places, rows, sizes)
+        if parts is not None:  # else the host path places them (and fails what is wrong)
+            destinations[first.name] = DeviceParts(parts)
     return destinations
 
 

@@ -67,13 +67,17 @@ class Regions:
         to device; else copied to the host, system regions' into one ``staged`` block.
         ``sizes``: the CUDA allocations' sizes asked for this micro-batch so far (one driver
         call per region, not per request); a fresh one when None."""
+        sizes = {} if sizes is None else sizes
+        if on_device:  # the common case over CUDA shm, in one pass
+            views = self.cuda.device_views(tensors, sizes)
+            if views is not None:
+                return DeviceParts(views)
         cuda = [self.cuda.has(str(t.parameters.get(SHM_REGION, ""))) for t in tensors]
         if not any(cuda):
             return self.shm.read_stacked(tensors, staged)
         # Both kinds in one micro-batch (a front end that did not know a system region yet):
         # rare, so the host path, as a single request's read would give a host model.
         device = on_device and all(cuda)
-        sizes = {} if sizes is None else sizes
         parts = [
             self.cuda.read(t, on_device=device, sizes=sizes) if in_cuda else self.shm.read(t)
             for t, in_cuda in zip(tensors, cuda, strict=True)

@@ -16,11 +16,8 @@ import pytest
 from infermux.backends import BackendRegistry
 from infermux.backends.stacking import compatible, device_parts, stack
 from infermux.dataplane import DataPlane
-from infermux.dataplane.cuda_shared_memory import (
-    CudaCallError,
-    CudaRuntime,
-    CudaSharedMemoryRegistry,
-)
+from infermux.dataplane.cuda_ipc import CudaCallError, CudaRuntime
+from infermux.dataplane.cuda_shared_memory import CudaSharedMemoryRegistry
 from infermux.dataplane.inputs import to_model_request
 from infermux.dataplane.shared_memory import SharedMemoryRegistry
 from infermux.errors import (
