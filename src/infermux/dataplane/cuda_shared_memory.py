@@ -27,6 +27,7 @@ import math
 import threading
 import weakref
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -222,11 +223,8 @@ class CudaSharedMemoryRegistry:
         references, bounds and views, the largest per-request cost over CUDA shm
         (``docs/benchmarks.md``, *The CUDA-shm executor path, profiled again*)."""
         datatype = tensors[0].datatype
-        if not self.enabled or datatype in _HOST_ONLY:
-            return None
-        try:
-            dtype = numpy_dtype(datatype)
-        except InfermuxError:
+        dtype = self._device_dtype(datatype)
+        if dtype is None:
             return None
         itemsize = dtype.itemsize
         views = []
@@ -258,11 +256,8 @@ class CudaSharedMemoryRegistry:
         reference (region, offset, byte size, nothing else) to room enough in a CUDA region
         and the datatype has device bytes: the output then goes through the host, where
         :meth:`write` names what is wrong."""
-        if not self.enabled or datatype in _HOST_ONLY:
-            return None
-        try:
-            dtype = numpy_dtype(datatype)
-        except InfermuxError:
+        dtype = self._device_dtype(datatype)
+        if dtype is None:
             return None
         row_bytes = math.prod(row) * dtype.itemsize
         views = []
@@ -280,6 +275,15 @@ class CudaSharedMemoryRegistry:
                 DeviceArray(region.pointer + offset, (count, *row), dtype, info.device_id, region)
             )
         return tuple(views)
+
+    def _device_dtype(self, datatype: str) -> np.dtype[Any] | None:
+        """The dtype of ``datatype`` when its bytes may stay on the device (None: not)."""
+        if not self.enabled or datatype in _HOST_ONLY:
+            return None
+        try:
+            return numpy_dtype(datatype)
+        except InfermuxError:
+            return None
 
     def _place(
         self, parameters: Parameters, sizes: AllocationSizes
