@@ -11,7 +11,16 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from google.protobuf import json_format, text_format
+from google.protobuf import (
+    # Imported here, on the importing (main) thread: protobuf imports descriptor_pb2 lazily the
+    # first time a parse meets a map-like field, and the repository parses its models' configs
+    # in worker threads at once. On Python 3.11 several threads making one first import at the
+    # same moment can fail one of them with KeyError: 'google.protobuf.descriptor_pb2' (seen in
+    # CI: a server that never started, 46 tests erroring on its fixture).
+    descriptor_pb2,  # noqa: F401
+    json_format,
+    text_format,
+)
 
 from infermux.errors import ConfigError
 from infermux.model_config import ModelConfig, check_supported, pb

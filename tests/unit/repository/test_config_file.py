@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -344,3 +346,16 @@ def test_override_must_be_a_json_object(tmp_path: Path) -> None:
     model_dir.mkdir()
     with pytest.raises(ConfigError, match="ModelConfig JSON object"):
         load_model_config(model_dir, override_json="[]")
+
+
+def test_protobuf_makes_its_lazy_import_before_configs_are_parsed_in_threads() -> None:
+    # The repository parses configs in worker threads at once; protobuf's first parse of a
+    # map-like field imports descriptor_pb2, and on Python 3.11 threads making that first
+    # import together failed one with KeyError (a server that never started, in CI). Importing
+    # the config reader now makes that import on the importing thread.
+    code = (
+        "import sys\n"
+        "import infermux.repository.config_file\n"
+        "sys.exit(0 if 'google.protobuf.descriptor_pb2' in sys.modules else 1)\n"
+    )
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
