@@ -298,13 +298,9 @@ class CudaSharedMemoryRegistry:
             return None
         if offset < 0 or size < 0 or offset + size > region.info.byte_size:
             return None
-        available = sizes.get(region.pointer)
-        if available is None:
-            try:
-                self._check_allocation("", region, offset, size, sizes)
-            except InfermuxError:
-                return None
-        elif offset + size > available:
+        try:  # answered from ``sizes`` after the micro-batch's first slice of the region
+            self._check_allocation("", region, offset, size, sizes)
+        except InfermuxError:
             return None
         return region, offset, size
 
