@@ -30,6 +30,7 @@ reloaded as not decoupled is still streamed: it answers with one final frame, as
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 from collections.abc import AsyncGenerator, Mapping
@@ -44,7 +45,6 @@ from infermux.ipc.wire import (
     Answer,
     Call,
     Cancel,
-    Credit,
     Failure,
     Forget,
     Forgotten,
@@ -72,7 +72,7 @@ from .micro_batcher import MicroBatcher
 from .probes import ReadinessProbes
 from .regions import RegionCopies, in_shared_memory
 from .releases import Releases
-from .streams import STREAM_WINDOW, Streams
+from .streams import STREAM_WINDOW, Streams, read_stream
 
 logger = logging.getLogger(__name__)
 
@@ -236,32 +236,22 @@ class RemoteExecutor:
             else:
                 yield response
                 return
-        async for response in self._stream(request):
-            yield response
+        # aclosing: a reader that leaves gives the request up now, not when the inner
+        # generator is collected (the loop's finalizer hook would close it a turn later).
+        async with contextlib.aclosing(await self._open_stream(request)) as responses:
+            async for response in responses:
+                yield response
 
-    async def _stream(self, request: InferRequest) -> AsyncGenerator[InferResponse]:
-        """``request`` streamed: its responses as they arrive. Closing this early (or
-        cancelling its reader) gives the request up in the executor."""
+    async def _open_stream(self, request: InferRequest) -> AsyncGenerator[InferResponse]:
+        """``request`` sent as a stream; its responses as the reader takes them (``streams.py``:
+        credit back, and a reader that leaves early gives the request up in the executor)."""
         link = self.require()
         blocks: list[Block] = []
         inputs = await self._put_inputs(link, request, blocks)
         seq = next(self._seq)
         stream = self._streams.open(seq, blocks)
         link.send(encode(infer_frame(seq, request, inputs, window=STREAM_WINDOW)))
-        try:
-            while True:
-                response = await stream.get()
-                credit = stream.took()
-                if credit and link is self._link:
-                    link.send(encode(Credit(seq, credit)))
-                yield response
-                if response.final:
-                    return
-        finally:
-            if not stream.over:  # the reader left: the executor closes the model's stream
-                stream.abandon()
-                if link is self._link:
-                    link.send(encode(Cancel(seq)))
+        return read_stream(link, seq, stream)
 
     async def infer(self, request: InferRequest) -> InferResponse:
         link = self.require()

@@ -16,11 +16,21 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable
 
 from infermux.errors import InfermuxError, InternalError
 from infermux.ipc import Block
-from infermux.ipc.wire import Failure, Part, ToFrontend, part_error, raise_failure, read_tensor
+from infermux.ipc.wire import (
+    Cancel,
+    Failure,
+    Part,
+    ToFrontend,
+    encode,
+    part_error,
+    raise_failure,
+    read_tensor,
+)
+from infermux.ipc.wire import Credit as CreditFrame
 from infermux.types import InferResponse
 
 from .link import Link
@@ -149,6 +159,28 @@ class Streams:
         for stream in self._open.values():
             stream.put(error, last=True)
         self._open.clear()
+
+
+async def read_stream(link: Link, seq: int, stream: Incoming) -> AsyncGenerator[InferResponse]:
+    """Stream ``seq``'s responses as its reader takes them, the reader's credit sent back; a
+    reader that leaves before the final response (closes this early, or is cancelled) drops
+    what still comes and sends :class:`~infermux.ipc.wire.Cancel`, which closes the request's
+    stream in the executor: the model sees it cancelled. Close it with ``aclosing``, so the
+    Cancel goes at once."""
+    try:
+        while True:
+            response = await stream.get()
+            credit = stream.took()
+            if credit and not link.closed:
+                link.send(encode(CreditFrame(seq, credit)))
+            yield response
+            if response.final:
+                return
+    finally:
+        if not stream.over:
+            stream.abandon()
+            if not link.closed:  # a closed link's executor is gone, or going
+                link.send(encode(Cancel(seq)))
 
 
 def _response(link: Link, frame: Part) -> InferResponse:

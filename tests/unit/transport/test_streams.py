@@ -23,6 +23,7 @@ from infermux.backends.responses import RESPONSE_BUFFER
 from infermux.dataplane import DataPlane
 from infermux.errors import ErrorCode, InfermuxError
 from infermux.ipc import Channel
+from infermux.ipc.wire import Cancel, to_executor
 from infermux.repository import ControlMode, ModelRepository
 from infermux.transport.channel_server import ChannelServer
 from infermux.transport.remote_plane import RemoteDataPlane
@@ -218,6 +219,27 @@ async def test_a_reader_that_leaves_cancels_the_models_request(ends: Ends) -> No
     stopped = ends.progress()
     await asyncio.sleep(0.2)
     assert ends.progress() == stopped < 1000
+    await ends.idle()
+
+
+async def test_a_reader_that_leaves_sends_its_cancel_before_aclose_returns(ends: Ends) -> None:
+    # The front end's stream is an inner generator: closed with aclosing, its Cancel goes out
+    # at once, not a loop turn later when the collected generator is finalised.
+    link = ends.remote._executors[0].link
+    assert link is not None
+    sent: list[bytes] = []
+    send = link.send
+
+    def spy(frame: bytes, *, wake: bool = True) -> None:
+        sent.append(frame)
+        send(frame, wake=wake)
+
+    link.send = spy  # type: ignore[method-assign]
+    responses = ends.remote.infer_stream(count(1000, delay_ms=20))
+    await anext(responses)
+    await responses.aclose()  # type: ignore[attr-defined]  # an async generator
+    assert [f for f in sent if isinstance(to_executor(f), Cancel)]
+    await until(ends.closed, "the model's generator was not closed")
     await ends.idle()
 
 
