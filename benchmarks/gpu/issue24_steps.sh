@@ -30,6 +30,12 @@
 #   bash benchmarks/gpu/issue24_steps.sh ab-c1               (~5 min: c=1, delay 0, ResNet-50 over
 #       gRPC + shm and HTTP, --frontends 12 then 1, the tree in ab_base/src then this tree;
 #       AB_FRONTENDS and AB_PROTOCOLS narrow it)
+#   bash benchmarks/gpu/issue24_steps.sh limits              (~8 min: what limits ResNet-50 gRPC +
+#       shm at c=256, delay 500: the same server at c=256 and 512 beside LitServe (GPU memory at
+#       equal concurrency), then 8 instances instead of 4, then 16 front ends instead of 12, at
+#       c=256 (docs/benchmarks.md, *What limits c=256*)
+#   bash benchmarks/gpu/issue24_steps.sh c1-d0               (~1.5 min: c=1, delay 0, ResNet-50 over
+#       gRPC + shm and HTTP, 12 front ends, no profile: the latency target's own setting)
 #   bash benchmarks/gpu/issue24_steps.sh ab-load             (~4 min: c=16 and 64, delay 500,
 #       ResNet-50 over gRPC + shm and HTTP, the tree in ab_base/src then this tree)
 # Results land in $OUT/res.tgz (-> benchmarks/results/gpu/issue24/<step>-<commit>/).
@@ -107,6 +113,18 @@ for STEP in "$@"; do
                  --queue-delay-us 0 --raw-seconds 1 --deadline 105 >"$R/ab-c1-f$F-$TREE.log" 2>&1
              done
            done ;;
+    limits) timeout 260 $RUN --out "$R/limits-c" --models resnet50 --servers infermux,litserve \
+              --protocols pa_grpc_shm --concurrency 256,512 --queue-delay-us 500 --raw-seconds 1 \
+              --deadline 240 >"$R/limits-c.log" 2>&1
+            timeout 130 $RUN --out "$R/limits-i8" --models resnet50 --servers infermux \
+              --protocols pa_grpc_shm --concurrency 256 --queue-delay-us 500 --raw-seconds 1 \
+              --instances 8 --deadline 115 >"$R/limits-i8.log" 2>&1
+            timeout 130 $RUN --out "$R/limits-f16" --models resnet50 --servers infermux \
+              --protocols pa_grpc_shm --concurrency 256 --queue-delay-us 500 --raw-seconds 1 \
+              --frontends 16 --deadline 115 >"$R/limits-f16.log" 2>&1 ;;
+    c1-d0) timeout 120 $RUN --out "$R/c1-d0" --models resnet50 --servers infermux \
+             --protocols pa_grpc_shm,pa_http --concurrency 1 --queue-delay-us 0 --raw-seconds 1 \
+             --deadline 105 >"$R/c1-d0.log" 2>&1 ;;
     ab-load) for TREE in base head; do
                on_tree $TREE timeout 140 $RUN --out "$R/ab-load-$TREE" \
                  --models resnet50 --servers infermux --protocols pa_grpc_shm,pa_http \

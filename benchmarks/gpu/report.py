@@ -133,6 +133,9 @@ def _model(model: str, entry: dict[str, Any], top: int) -> list[str]:
     sizes = tables.batches(entry, top)
     if sizes:
         lines += [f"### infermux batches at c={top}\n", *sizes, ""]
+    work = tables.gpu_work(entry, raw, top)
+    if len(work) > 1:
+        lines += [f"### GPU work of the batches served at c={top}\n", *work, ""]
     lines += ["### All readings\n", *tables.details(entry, ceiling), ""]
     lines += _notes(entry)
     return [*lines, ""]

@@ -224,3 +224,65 @@ def at_served_batch(entry: dict[str, Any], curve: dict[str, float]) -> list[str]
             f"{raw:,.0f} items/s: **{p['items_per_s'] / raw:.2f}x**."
         )
     return lines
+
+
+def batch_cost(
+    curve: dict[str, float], top: tuple[int, float] | None
+) -> tuple[float, float] | None:
+    """The raw model's GPU seconds per batch of ``b`` rows as ``a + c * b``, fitted (least
+    squares) to the raw multi-stream throughput at the measured batch sizes (``curve``, plus
+    ``top``: max_batch_size and the ceiling). Each point gives ``b / throughput`` seconds per
+    batch with every stream busy. None with fewer than two sizes."""
+    pairs = [(float(size), float(size) / value) for size, value in curve.items() if value]
+    if top is not None and top[1]:
+        pairs.append((float(top[0]), top[0] / top[1]))
+    if len({b for b, _ in pairs}) < 2:
+        return None
+    n = len(pairs)
+    mean_b = sum(b for b, _ in pairs) / n
+    mean_t = sum(t for _, t in pairs) / n
+    slope = sum((b - mean_b) * (t - mean_t) for b, t in pairs) / sum(
+        (b - mean_b) ** 2 for b, _ in pairs
+    )
+    return mean_t - slope * mean_b, slope
+
+
+def gpu_work(entry: dict[str, Any], raw: dict[str, Any], concurrency: int) -> list[str]:
+    """What the GPU had to do for the batches each infermux point served at ``concurrency``,
+    costed as the raw model runs them (:func:`batch_cost`, graph padding included): the share
+    of the window that work fills (below 100%: the server did not keep the GPU fed), and the
+    throughput this batch mix would give with the GPU fed all the time (the batch sizes'
+    limit). Their product is about the point's throughput: which factor falls short says
+    whether serving or batching limits it."""
+    graph = raw.get("graph", {})
+    top = (raw["max_batch"], graph["multi_stream_items_per_s"]) if raw.get("max_batch") else None
+    cost = batch_cost(graph.get("batch_curve", {}), top)
+    ceiling = raw.get("ceiling_items_per_s")
+    if cost is None or not ceiling:
+        return []
+    per_batch, per_row = cost
+    lines = [
+        f"- Raw cost per batch of b rows, every stream busy: {per_batch * 1e3:.3f} ms + "
+        f"{per_row * 1e6:.1f} µs x b (fitted to the batch curve and the ceiling)."
+    ]
+    for name, p in points(entry):
+        sizes, window = p.get("batch_sizes"), p.get("server_window_s")
+        if not measured(p) or p["concurrency"] != concurrency or not sizes or not window:
+            continue
+        buckets = sorted(entry.get("servers", {}).get(name, {}).get("graph_buckets") or [])
+        executions = real = run = 0
+        for size_text, count in sizes.items():
+            size = int(size_text)
+            executions += count
+            real += size * count
+            run += next((b for b in buckets if b >= size), size) * count
+        work = per_batch * executions + per_row * run
+        possible = real / work
+        lines.append(
+            f"- {name} {p['protocol']} c={concurrency}: its batches needed the GPU "
+            f"**{100 * work / window:.0f}%** of the window (NVML: "
+            f"{fmt(p.get('gpu_util_mean'), '.0f')}%); fed all the time, this batch mix gives "
+            f"{possible:,.0f} items/s (**{possible / ceiling:.3f}x** the ceiling); measured "
+            f"{p['items_per_s'] / ceiling:.3f}x."
+        )
+    return lines

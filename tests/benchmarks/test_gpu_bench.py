@@ -381,3 +381,33 @@ def test_a_perf_analyzer_that_outlasts_its_time_keeps_its_last_pass(tmp_path: Pa
     assert result["unstable"] is True
     assert "error" not in result
     assert result["pa_note"].startswith("perf_analyzer timed out")
+
+
+def test_the_gpu_work_of_the_batches_served_splits_feeding_from_batch_sizes() -> None:
+    tables = load("report_tables")
+    # Rows cost 50 µs each plus 0.2 ms per batch: 16 rows -> 1.0 ms, 32 -> 1.8, 128 -> 6.6.
+    curve = {"16": 16 / 1.0e-3, "32": 32 / 1.8e-3}
+    per_batch, per_row = tables.batch_cost(curve, (128, 128 / 6.6e-3))
+    assert per_batch == pytest.approx(0.2e-3)
+    assert per_row == pytest.approx(50e-6)
+    assert tables.batch_cost({"16": 16_000.0}, None) is None  # one size: no line to fit
+    raw = {
+        "max_batch": 128,
+        "ceiling_items_per_s": 128 / 6.6e-3,
+        "graph": {"batch_curve": curve, "multi_stream_items_per_s": 128 / 6.6e-3},
+    }
+    # 1,000 batches of 30 rows, run padded to the 32-row graph: 1.8 s of GPU work in 3 s.
+    point = {
+        "protocol": "pa_grpc_shm",
+        "concurrency": 256,
+        "items_per_s": 9_000.0,
+        "server_window_s": 3.0,
+        "batch_sizes": {"30": 1000},
+        "gpu_util_mean": 70.0,
+    }
+    entry = {"servers": {"infermux": {"graph_buckets": [16, 32, 128], "points": [point]}}}
+    cost, line = tables.gpu_work(entry, raw, 256)
+    assert "0.200 ms + 50.0 µs x b" in cost
+    assert "needed the GPU **60%** of the window (NVML: 70%)" in line
+    assert "this batch mix gives 16,667 items/s" in line  # 30,000 rows in 1.8 s
+    assert tables.gpu_work(entry, raw, 64) == [cost]  # no point at that concurrency
