@@ -16,7 +16,8 @@
 #   bash benchmarks/gpu/issue24_steps.sh ab                  (~2.5 min: ResNet-50 c=256, gRPC +
 #       system / CUDA shm, the tree in ab_base/src (e.g. `git archive OLD src | tar -x -C
 #       ab_base`, untracked so that it travels) then this tree, one after the other;
-#       AB_MODEL (bert) and AB_PROTOCOLS narrow it)
+#       AB_MODEL (bert) and AB_PROTOCOLS narrow it, AB_CONCURRENCY (e.g. 1,16,256) and
+#       AB_DEADLINE (seconds per tree, 125) widen it)
 #   bash benchmarks/gpu/issue24_steps.sh share1              (~1.5 min: ResNet-50 gRPC + shm c=256
 #       with TRITON_CLIENT_GRPC_CHANNEL_MAX_SHARE_COUNT=1: a connection per perf_analyzer thread,
 #       so SO_REUSEPORT spreads 256 connections over the front ends, not ~43)
@@ -87,10 +88,10 @@ for STEP in "$@"; do
                      --profile-protocol pa_grpc_cuda_shm --profile-cprofile --deadline 150 \
                      >"$R/cprofile-cuda.log" 2>&1 ;;
     ab) for TREE in base head; do
-          on_tree $TREE timeout 140 $RUN --out "$R/ab-$TREE" --models ${AB_MODEL:-resnet50} \
+          on_tree $TREE timeout $(( ${AB_DEADLINE:-125} + 15 )) $RUN --out "$R/ab-$TREE" --models ${AB_MODEL:-resnet50} \
             --servers infermux --protocols ${AB_PROTOCOLS:-pa_grpc_shm,pa_grpc_cuda_shm} \
-            --concurrency 256 --queue-delay-us 500 --raw-seconds 1 --deadline 125 \
-            >"$R/ab-$TREE.log" 2>&1
+            --concurrency ${AB_CONCURRENCY:-256} --queue-delay-us 500 --raw-seconds 1 \
+            --deadline ${AB_DEADLINE:-125} >"$R/ab-$TREE.log" 2>&1
         done ;;
     share1) timeout 140 $RUN --out "$R/share1" --models resnet50 --servers infermux \
               --protocols pa_grpc_shm --concurrency 256 --queue-delay-us 500 --raw-seconds 1 \

@@ -37,7 +37,13 @@ from .shared_memory import placed as placed_tensor
 
 class Ungroupable(Exception):
     """A micro-batch (:meth:`DataPlane.infer_many`) whose requests must run one by one; the
-    message says why."""
+    message says why. ``lasting``: the reason is the model's (its policies, tracing), so its
+    requests should not be grouped for a while; False when one of these requests is at fault
+    (a region it cannot use), which says nothing about the next micro-batch."""
+
+    def __init__(self, why: str, *, lasting: bool = True) -> None:
+        super().__init__(why)
+        self.lasting = lasting
 
 
 T = TypeVar("T")
@@ -98,7 +104,9 @@ def stacked_request(
         try:
             data = regions.read_stacked(tensors, staged, on_device=on_device, sizes=sizes)
         except InfermuxError as exc:  # one request's mistake must be its own
-            raise Ungroupable(f"a request's input cannot be read: {exc.message}") from None
+            raise Ungroupable(
+                f"a request's input cannot be read: {exc.message}", lasting=False
+            ) from None
         if isinstance(data, DeviceParts):
             device[first.name] = data
             empty = np.empty(0, numpy_dtype(first.datatype))  # its data is on the device
@@ -123,19 +131,21 @@ def check_output_regions(
             if name not in row_bytes:  # looked up once per output, not once per request
                 spec = config.output(name)
                 if spec is None:
-                    raise Ungroupable(f"output '{name}' of a request cannot be placed")
+                    raise Ungroupable(
+                        f"output '{name}' of a request cannot be placed", lasting=False
+                    )
                 dims = spec.reshape if spec.reshape is not None else spec.dims
                 fixed = spec.datatype != "BYTES" and all(d > 0 for d in dims)
                 itemsize = numpy_dtype(spec.datatype).itemsize if fixed else 0
                 row_bytes[name] = math.prod(dims) * itemsize if fixed else None
             region = str(output.parameters.get(SHM_REGION, ""))
             if not (regions.shm.has(region) or regions.cuda.has(region)):
-                raise Ungroupable(f"output '{name}' of a request cannot be placed")
+                raise Ungroupable(f"output '{name}' of a request cannot be placed", lasting=False)
             per_row = row_bytes[name]
             if per_row is not None:
                 size = output.parameters.get(SHM_BYTE_SIZE)
                 if not isinstance(size, int) or size < count * per_row:
-                    raise Ungroupable(f"output '{name}' of a request does not fit")
+                    raise Ungroupable(f"output '{name}' of a request does not fit", lasting=False)
 
 
 def device_destinations(

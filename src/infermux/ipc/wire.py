@@ -141,12 +141,15 @@ class Cancel(msgspec.Struct, array_like=True, tag=7):
 
 
 class Regroup(msgspec.Struct, array_like=True, tag=8):
-    """Executor -> front end: the micro-batch :class:`Infer` ``seq`` was not run (its model's
-    traffic policy, queue policy, tracing or batch size needs each request on its own): send
-    its requests one by one, and ``why`` says for how long not to group for that model."""
+    """Executor -> front end: the micro-batch :class:`Infer` ``seq`` was not run: send its
+    requests one by one. ``lasting``: the model's traffic policy, queue policy, tracing or
+    batch size needs each request on its own, so do not group for that model for a while;
+    False: one of these requests is at fault (e.g. a shared-memory region it cannot use), and
+    the next micro-batch may go. ``why`` says which."""
 
     seq: int
     why: str
+    lasting: bool = True
 
 
 class Forget(msgspec.Struct, array_like=True, tag=9):

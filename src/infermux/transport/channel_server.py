@@ -257,7 +257,7 @@ class ChannelServer:
                         outputs_apart=message.outputs_apart,
                     )
                 except Ungroupable as exc:  # its requests come back one by one
-                    link.send(encode(Regroup(message.seq, str(exc))))
+                    link.send(encode(Regroup(message.seq, str(exc), exc.lasting)))
                     return
             else:
                 response = await self._plane.infer(request)

@@ -151,6 +151,15 @@ class MicroBatch:
         """The answer lists outputs per request (placed in shared memory), not stacked."""
         return self.kind[1] == "shm"
 
+    @property
+    def lone_as_batch(self) -> bool:
+        """A request left alone still travels as a micro-batch (of one): its tensors lie in
+        client shared memory, which the executor's micro-batch path handles in one pass per
+        input and output and, for CUDA regions, writes device to device, where a request sent
+        on its own has its outputs copied to the host and back, a synchronous copy on the
+        executor's loop (``docs/benchmarks.md``, *Lone CUDA-shm requests*)."""
+        return self.inputs_apart or self.outputs_apart
+
     def live(self) -> list[Member]:
         """The members whose callers still wait."""
         return [m for m in self.members if not m.future.done()]

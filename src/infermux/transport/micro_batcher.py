@@ -134,7 +134,7 @@ class MicroBatcher:
             self._send_live(batch)  # those who joined still go
             raise
         self._close_batch(key, batch)
-        if len(batch.live()) == 1:  # alone after all: sent as it always was
+        if len(batch.live()) == 1 and not batch.lone_as_batch:  # alone: sent as it always was
             return await self._channel.infer_one(self._channel.require(), request)
         self._send_live(batch)
         return await self._answer_of(batch, member)
@@ -177,7 +177,7 @@ class MicroBatcher:
 
     def _send_live(self, batch: MicroBatch) -> None:
         live = batch.live()
-        if len(live) == 1:
+        if len(live) == 1 and not batch.lone_as_batch:
             self._alone_after_all(live[0])
         elif live:
             batch.members = live
@@ -298,9 +298,12 @@ class MicroBatcher:
             link.release(block)
         batch.blocks.clear()
         if isinstance(message, Regroup):
-            logger.info("not grouping requests for a while: %s", message.why)
-            model = batch.members[0].request.model_name
-            self._ungrouped[(model, batch.kind)] = time.monotonic() + UNGROUPED_SECONDS
+            if message.lasting:
+                logger.info("not grouping requests for a while: %s", message.why)
+                model = batch.members[0].request.model_name
+                self._ungrouped[(model, batch.kind)] = time.monotonic() + UNGROUPED_SECONDS
+            else:  # one request's fault: it fails alone, and the next micro-batch may go
+                logger.debug("a micro-batch goes one by one: %s", message.why)
             for member in batch.live():
                 self._alone_after_all(member)
         elif isinstance(message, Failure):

@@ -147,3 +147,37 @@ async def test_a_request_whose_cuda_region_is_bad_fails_alone(served: Served) ->
     (stats,) = await served.plane.model_statistics("plus_one")
     assert stats.inference_stats["success"].count == 5
     assert stats.inference_stats["fail"].count == 1
+
+
+async def test_a_lone_cuda_request_travels_as_a_micro_batch_of_one(served: Served) -> None:
+    # Sent on its own, its output would come to the host and be copied back into its region
+    # synchronously on the executor's loop; as a micro-batch it gets the one-pass checks and a
+    # destination the model may write on the device.
+    answer = await served.remote.infer(request(3))
+    (out,) = answer.outputs
+    assert (out.parameters[SHM_REGION], out.parameters[SHM_OFFSET]) == ("out", 3 * ROW)
+    assert written(served, 4)[3] == 4.0
+    assert served.frames == [{"rows": [1], "refused": False, "inputs_apart": True,
+                              "outputs_apart": True}]  # fmt: skip
+    ((given,),) = served.backend.batches
+    assert isinstance(given.device_inputs["INPUT0"], DeviceParts)
+    assert "OUTPUT0" in given.device_outputs  # its place in 'out', for the model to write
+
+
+async def test_a_request_at_fault_does_not_stop_the_next_micro_batches(served: Served) -> None:
+    first = [request(i) for i in range(4)]
+    first[1].inputs[0].parameters[SHM_BYTE_SIZE] = 12  # the model's row needs 16 bytes
+    results = await asyncio.gather(*(served.remote.infer(r) for r in first), return_exceptions=True)
+    assert isinstance(results[1], InfermuxError)
+    assert "byte size is 12" in results[1].message
+    assert [f["refused"] for f in served.frames] == [True]  # then one by one
+    seen = len(served.frames)
+    answers = await asyncio.gather(*(served.remote.infer(request(i)) for i in range(8)))
+    assert len(answers) == 8
+    assert written(served, 8) == [i + 1.0 for i in range(8)]
+    # One client's mistake says nothing about the model: the requests after it still group
+    # (they went one by one for 10 s after it).
+    later = served.frames[seen:]
+    assert later
+    assert not any(f["refused"] for f in later)
+    assert any(len(f["rows"]) > 1 for f in later)
