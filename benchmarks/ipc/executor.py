@@ -101,6 +101,12 @@ async def _serve(repo: Path, spec: Any, ready: Any, stop: Any) -> None:
     plane = build_dataplane(settings, repository)
     server = ChannelServer(plane)
     server.attach(spec)
+    try:  # as processes/executor.py does once ready (a tree from before it has no such module)
+        from infermux.runtime import garbage
+    except ImportError:
+        pass
+    else:
+        garbage.settle()
     ready.send(True)
     loop = asyncio.get_running_loop()
     done = asyncio.Event()

@@ -27,6 +27,7 @@ from infermux.frontends.serving import FrontEnds, http_sockets
 from infermux.observability.progress import LoadProgress
 from infermux.observability.tracing import TRACING
 from infermux.processes import Supervisor
+from infermux.runtime import garbage
 from infermux.settings import ServerSettings
 
 __all__ = ["EXTENSIONS", "SHM_EXTENSIONS", "InfermuxServer", "StartupError", "serve"]
@@ -88,6 +89,7 @@ class InfermuxServer:
                 ", ".join(self.endpoints),
                 ", ".join(f"{e.name}:{e.version}" for e in models) or "none",
             )
+            garbage.settle()  # what start-up built (torch, the models) is not walked again
             await fronts.serve_until(self._stop)
         finally:
             self.dataplane.begin_shutdown()

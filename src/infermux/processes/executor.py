@@ -20,6 +20,7 @@ from infermux.observability import metrics as prometheus
 from infermux.observability.progress import LoadProgress
 from infermux.observability.tracing import TRACING
 from infermux.repository import Shard
+from infermux.runtime import garbage
 from infermux.settings import ServerSettings
 from infermux.transport.channel_server import ChannelServer
 
@@ -107,6 +108,7 @@ async def _serve(
         return
     models = repository.index(ready_only=True)
     control.send(Ready([f"{e.name}:{e.version}" for e in models]))
+    garbage.settle()  # what start-up built (torch, the models) is not walked again
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     tasks: set[asyncio.Task[None]] = set()

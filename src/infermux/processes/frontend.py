@@ -15,6 +15,7 @@ import socket
 from infermux.dataplane.assembly import server_metadata
 from infermux.errors import StartupError
 from infermux.frontends.serving import FrontEnds
+from infermux.runtime import garbage
 from infermux.settings import ServerSettings
 from infermux.transport.remote_plane import RemoteDataPlane
 
@@ -71,6 +72,7 @@ async def _serve(
         await control.drain()
         return
     control.send(Started(fronts.grpc_port))
+    garbage.settle()
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
 

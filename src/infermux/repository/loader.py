@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import gc
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -21,6 +20,7 @@ from infermux.model_config import ModelConfig
 from infermux.observability.statistics import ModelStatistics
 from infermux.repository.placement import ONLY, Placement, Shard, placements
 from infermux.repository.warmup import warm_up
+from infermux.runtime import garbage
 from infermux.runtime.memory import describe, instance_memory, total_by_device
 from infermux.scheduling import DynamicBatcher, Scheduler
 
@@ -241,7 +241,7 @@ async def retire(models: list[LoadedModel]) -> None:
     models.clear()
     # Off the loop: gc holds the GIL, but finalizers that free device memory or close files
     # release it, and the loop then keeps serving.
-    found = await asyncio.to_thread(gc.collect)
+    found = await asyncio.to_thread(garbage.collect)  # frozen objects too
     for name, version in names:
         logger.info("unloaded model '%s' version %d", name, version)
     logger.debug("garbage collection after unloading: %d unreachable objects", found)
