@@ -4,7 +4,7 @@ Serving allocates and frees many small containers per request (tasks, futures, f
 dicts), nearly all freed by reference counting; but with CPython's default thresholds the
 collector still runs a young collection every 700 net allocations, and each of its full
 collections walks every object the process holds -- a few hundred thousand once torch and the
-models are imported. In the executor under load that was 13-14% of its loop's time
+models are imported. In the executor under load that was 12-14% of its loop's time
 (``docs/decisions.md``, *The garbage collector in serving processes*). Once a process is
 serving, :func:`settle` moves everything it holds into the permanent generation
 (``gc.freeze``: never walked again) and lets young collections wait for
