@@ -77,6 +77,9 @@ class InfermuxServer:
             TRACING.shutdown()
             raise
         try:
+            # What start-up built (torch, the models) is not walked again; before HTTP listens,
+            # so that its one full collection holds up no request.
+            garbage.settle()
             await fronts.start_http()
             self.endpoints = fronts.announce()
             if metrics is not None:
@@ -89,7 +92,6 @@ class InfermuxServer:
                 ", ".join(self.endpoints),
                 ", ".join(f"{e.name}:{e.version}" for e in models) or "none",
             )
-            garbage.settle()  # what start-up built (torch, the models) is not walked again
             await fronts.serve_until(self._stop)
         finally:
             self.dataplane.begin_shutdown()

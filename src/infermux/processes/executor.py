@@ -106,9 +106,10 @@ async def _serve(
         await repository.close()
         TRACING.shutdown()
         return
+    # Before Ready, not after: its one full collection must not hold up the first requests.
+    garbage.settle()  # what start-up built (torch, the models) is not walked again
     models = repository.index(ready_only=True)
     control.send(Ready([f"{e.name}:{e.version}" for e in models]))
-    garbage.settle()  # what start-up built (torch, the models) is not walked again
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     tasks: set[asyncio.Task[None]] = set()

@@ -71,8 +71,8 @@ async def _serve(
         control.send(Failed(str(exc)))
         await control.drain()
         return
+    garbage.settle()  # before Started: its one full collection holds up no request
     control.send(Started(fronts.grpc_port))
-    garbage.settle()
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
 
