@@ -22,6 +22,7 @@
 #       with TRITON_CLIENT_GRPC_CHANNEL_MAX_SHARE_COUNT=1: a connection per perf_analyzer thread,
 #       so SO_REUSEPORT spreads 256 connections over the front ends, not ~43)
 #   bash benchmarks/gpu/issue24_steps.sh shm-check           (~20 s: benchmarks/gpu/cuda_shm_check.py)
+#   bash benchmarks/gpu/issue24_steps.sh tests-runtime       (~40 s: the GPU runtime tests only)
 #   bash benchmarks/gpu/issue24_steps.sh tests-cuda          (~1 min: the CUDA-shm GPU tests only)
 #   bash benchmarks/gpu/issue24_steps.sh copy-check          (~30 s: benchmarks/gpu/copy_check.py,
 #       a batch's per-request copies queued one driver call each or in one cuMemcpyBatchAsync)
@@ -39,6 +40,10 @@
 #       gRPC + shm and HTTP, 12 front ends, no profile: the latency target's own setting)
 #   bash benchmarks/gpu/issue24_steps.sh ab-load             (~4 min: c=16 and 64, delay 500,
 #       ResNet-50 over gRPC + shm and HTTP, the tree in ab_base/src then this tree)
+#   bash benchmarks/gpu/issue24_steps.sh probe               (~8.5 min: ResNet-50 gRPC + shm at
+#       c=256, delay 500, four runs on one machine: as configured; 2 instances instead of 4;
+#       perf_analyzer --async instead of its 256 synchronous threads; and the tree in ab_base/src
+#       (made from this one with a change to try, e.g. front ends that never hold a micro-batch)
 # Results land in $OUT/res.tgz (-> benchmarks/results/gpu/issue24/<step>-<commit>/).
 # shellcheck source=../device_setup.sh
 . "$(dirname "$0")/../device_setup.sh"
@@ -103,6 +108,8 @@ for STEP in "$@"; do
                 --out "$R/c1_floor.json" >"$R/c1-floor.log" 2>&1 ;;
     copy-check) timeout 100 python3 benchmarks/gpu/copy_check.py \
                   --out "$R/copy_check.json" >"$R/copy-check.log" 2>&1 ;;
+    tests-runtime) timeout 90 python3 -m pytest -m gpu tests/gpu/test_runtime_gpu.py -q \
+                     -p no:cacheprovider -rs >"$R/gpu-tests-runtime.log" 2>&1 ;;
     tests-cuda) timeout 200 python3 -m pytest -m gpu tests/gpu/test_cuda_shm_gpu.py \
                   tests/gpu/test_cuda_micro_batch_gpu.py -q -p no:cacheprovider -rs \
                   >"$R/gpu-tests-cuda.log" 2>&1 ;;
@@ -132,6 +139,12 @@ for STEP in "$@"; do
                  --concurrency 16,64 --queue-delay-us 500 --pa-http-interval-ms 2000 \
                  --raw-seconds 1 --deadline 125 >"$R/ab-load-$TREE.log" 2>&1
              done ;;
+    probe) P="--models resnet50 --servers infermux --protocols pa_grpc_shm --concurrency 256
+              --queue-delay-us 500 --raw-seconds 1 --deadline 110"
+           timeout 125 $RUN --out "$R/probe-i4" $P >"$R/probe-i4.log" 2>&1
+           timeout 125 $RUN --out "$R/probe-i2" $P --instances 2 >"$R/probe-i2.log" 2>&1
+           timeout 125 $RUN --out "$R/probe-async" $P --pa-async >"$R/probe-async.log" 2>&1
+           on_tree base timeout 125 $RUN --out "$R/probe-base" $P >"$R/probe-base.log" 2>&1 ;;
     *) echo "unknown step $STEP" >&2 ;;
   esac
   # After every step: what is done comes back even if a later step outlives the call. The
