@@ -44,6 +44,8 @@
 #       c=256, delay 500, four runs on one machine: as configured; 2 instances instead of 4;
 #       perf_analyzer --async instead of its 256 synchronous threads; and the tree in ab_base/src
 #       (made from this one with a change to try, e.g. front ends that never hold a micro-batch)
+#   bash benchmarks/gpu/issue24_steps.sh i2 i4               (~1 min each: ResNet-50 gRPC + shm at
+#       c=256, delay 500, with 2 or 4 instances; each step's results come back on their own)
 # Results land in $OUT/res.tgz (-> benchmarks/results/gpu/issue24/<step>-<commit>/).
 # shellcheck source=../device_setup.sh
 . "$(dirname "$0")/../device_setup.sh"
@@ -139,6 +141,9 @@ for STEP in "$@"; do
                  --concurrency 16,64 --queue-delay-us 500 --pa-http-interval-ms 2000 \
                  --raw-seconds 1 --deadline 125 >"$R/ab-load-$TREE.log" 2>&1
              done ;;
+    i2|i4) timeout 110 $RUN --out "$R/$STEP" --models resnet50 --servers infermux \
+             --protocols pa_grpc_shm --concurrency 256 --queue-delay-us 500 --raw-seconds 1 \
+             --instances ${STEP#i} --deadline 95 >"$R/$STEP.log" 2>&1 ;;
     probe) P="--models resnet50 --servers infermux --protocols pa_grpc_shm --concurrency 256
               --queue-delay-us 500 --raw-seconds 1 --deadline 110"
            timeout 125 $RUN --out "$R/probe-i4" $P >"$R/probe-i4.log" 2>&1
