@@ -7,13 +7,16 @@ request is the figure, as it does not depend on how many cores the machine lends
 
     aio-echo      grpc.aio, a handler that returns a prebuilt answer: grpc.aio's own floor
     sync-echo     grpcio's thread-pool server (16 threads), the same handler
+    sync-loop     the thread-pool server with its handler handing each call to an asyncio loop
+                  on a thread of its own and waiting for the answer there, as a synchronous
+                  front end would have to (infermux's data plane lives on a loop)
     aio-codec     grpc.aio plus infermux's codec (decode the request, encode an answer built
                   from its inputs): a leaner servicer's floor, with no data plane
     infermux      ``infermux serve --frontends 1``: codec, data plane, batcher, the model
     infermux-f2   ``infermux serve --frontends 2``: the same over the process hop
 
     python benchmarks/frontends/grpc_servers.py [--requests 20000] [--concurrency 16]
-        [--variants aio-echo,sync-echo,aio-codec,infermux,infermux-f2] [--rounds 2]
+        [--variants aio-echo,sync-echo,sync-loop,aio-codec,infermux,infermux-f2] [--rounds 2]
         [--out benchmarks/results/frontends]
 """
 
@@ -32,7 +35,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: benchkit
 from benchkit import cpu_seconds, free_port, group_pids, machine_info, stop_group
 
-VARIANTS = ("aio-echo", "sync-echo", "aio-codec", "infermux", "infermux-f2")
+VARIANTS = ("aio-echo", "sync-echo", "sync-loop", "aio-codec", "infermux", "infermux-f2")
 READY = re.compile(r"gRPC on [^ ]*?:(\d+)")
 
 
@@ -66,12 +69,26 @@ def serve(variant: str, port: int) -> None:
     from tritonclient.grpc import service_pb2_grpc
 
     answer = _echo_answer()
-    if variant == "sync-echo":
+    if variant in ("sync-echo", "sync-loop"):
         from concurrent import futures
+
+        loop = None
+        if variant == "sync-loop":
+            import threading
+
+            import uvloop
+
+            loop = uvloop.new_event_loop()
+            threading.Thread(target=loop.run_forever, daemon=True).start()
+
+        async def on_loop() -> Any:
+            return answer
 
         class SyncEcho(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
             def ModelInfer(self, request: Any, context: Any) -> Any:
-                return answer
+                if loop is None:
+                    return answer
+                return asyncio.run_coroutine_threadsafe(on_loop(), loop).result()
 
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=16))
         service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(SyncEcho(), server)
