@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import grpc  # type: ignore[import-untyped,unused-ignore]  # grpcio ships no type information
-from grpc_health.v1 import health_pb2_grpc
+from grpc_health.v1 import health_pb2
 
 from infermux.dataplane import Operations
 from infermux.frontends.access import OPEN, Access
@@ -21,6 +21,8 @@ from infermux.frontends.grpc.servicer import InferenceServicer
 from infermux.settings import DEFAULT_GRPC_MAX_MESSAGE_SIZE, DEFAULT_GRPC_MAX_STREAM_IN_FLIGHT
 
 logger = logging.getLogger(__name__)
+
+HEALTH_SERVICE = health_pb2.DESCRIPTOR.services_by_name["Health"]
 
 MAX_SEND_BYTES = 2**31 - 1
 """gRPC's own ceiling for one message, which Triton and tritonclient also use: an answer's size
@@ -92,7 +94,7 @@ class GrpcServer:
             InferenceServicer(self._dataplane, stream_in_flight=self._stream_in_flight), server
         )
         self._health = Health(self._dataplane)
-        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        handlers.add_service(server, HEALTH_SERVICE, self._health)
         try:
             for address in self.addresses:
                 self._ports[address] = _bind(server, address, self._credentials)

@@ -6,8 +6,10 @@ import asyncio
 import socket
 from pathlib import Path
 
+import grpc  # type: ignore[import-untyped,unused-ignore]  # grpcio ships no type information
 import numpy as np
 import pytest
+from grpc_health.v1 import health_pb2
 from tritonclient.grpc import InferInput
 from tritonclient.grpc.aio import InferenceServerClient
 
@@ -84,3 +86,33 @@ async def test_stop_lets_running_requests_finish() -> None:
         result = await running
         await stopping
     assert result.as_numpy("OUTPUT0").tolist() == array.tolist()
+
+
+async def test_methods_are_served_through_generic_handlers_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Registered methods would make grpc.aio wait on one request-call future per method for
+    every call it accepts (``handlers.add_service``): none may be registered, and both services
+    still answer."""
+    registered: list[str] = []
+
+    def spy(_server: object, service: str, _handlers: object) -> None:
+        registered.append(service)
+
+    monkeypatch.setattr(grpc.aio._server.Server, "add_registered_method_handlers", spy)
+    server = GrpcServer(FakePlane(), addresses=["127.0.0.1:0"], graceful_timeout=1)
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.bound_port}") as channel:
+            check = channel.unary_unary(
+                "/grpc.health.v1.Health/Check",
+                request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
+                response_deserializer=health_pb2.HealthCheckResponse.FromString,
+            )
+            answer = await check(health_pb2.HealthCheckRequest(service=""))
+            assert answer.status == health_pb2.HealthCheckResponse.SERVING
+        async with InferenceServerClient(f"127.0.0.1:{server.bound_port}") as client:
+            assert await client.is_server_live()
+    finally:
+        await server.stop()
+    assert registered == []
