@@ -46,9 +46,10 @@
 #       (made from this one with a change to try, e.g. front ends that never hold a micro-batch)
 #   bash benchmarks/gpu/issue24_steps.sh i2 i4               (~1 min each: ResNet-50 gRPC + shm at
 #       c=256, delay 500, with 2 or 4 instances; each step's results come back on their own)
-#   bash benchmarks/gpu/issue24_steps.sh hold                (~9 min: ResNet-50 gRPC + shm at c=256,
-#       delay 500, with the front ends' micro-batch hold (HOLD_WHILE_IN_FLIGHT) at each of $HOLDS
-#       (default "2 1 4", set through benchmarks/gpu/hold_hook), then the tree in ab_base/src as is
+#   bash benchmarks/gpu/issue24_steps.sh variants            (~9 min: ResNet-50 (VAR_MODEL) gRPC + shm
+#       at c=256, delay 500, once per entry of $VARIANTS, "NAME:VAR=VALUE,VAR=VALUE" with the
+#       variables benchmarks/gpu/tuning_hook reads, or "NAME:@base" for the tree in ab_base/src;
+#       default "head: pad2:INFERMUX_BENCH_PAD_STEP=2 hold4:INFERMUX_BENCH_HOLD=4 base:@base")
 # Results land in $OUT/res.tgz (-> benchmarks/results/gpu/issue24/<step>-<commit>/).
 # shellcheck source=../device_setup.sh
 . "$(dirname "$0")/../device_setup.sh"
@@ -153,14 +154,18 @@ for STEP in "$@"; do
            timeout 125 $RUN --out "$R/probe-i2" $P --instances 2 >"$R/probe-i2.log" 2>&1
            timeout 125 $RUN --out "$R/probe-async" $P --pa-async >"$R/probe-async.log" 2>&1
            on_tree base timeout 125 $RUN --out "$R/probe-base" $P >"$R/probe-base.log" 2>&1 ;;
-    hold) P="--models resnet50 --servers infermux --protocols pa_grpc_shm --concurrency 256
-             --queue-delay-us 500 --raw-seconds 1 --deadline 110"
-          python3 -c "import grpc; print(grpc.__version__)" >"$R/grpcio.txt" 2>&1
-          for H in ${HOLDS:-2 1 4}; do
-            PYTHONPATH=$PWD/benchmarks/gpu/hold_hook:$PYTHONPATH INFERMUX_BENCH_HOLD=$H \
-              timeout 125 $RUN --out "$R/hold-$H" $P >"$R/hold-$H.log" 2>&1
-          done
-          on_tree base timeout 125 $RUN --out "$R/hold-base" $P >"$R/hold-base.log" 2>&1 ;;
+    variants) P="--models ${VAR_MODEL:-resnet50} --servers infermux --protocols pa_grpc_shm
+                --concurrency 256 --queue-delay-us 500 --raw-seconds 1 --deadline 110"
+              python3 -c "import grpc; print(grpc.__version__)" >"$R/grpcio.txt" 2>&1
+              for V in ${VARIANTS:-head: pad2:INFERMUX_BENCH_PAD_STEP=2 hold4:INFERMUX_BENCH_HOLD=4 base:@base}; do
+                NAME=${V%%:*} SETS=${V#*:}
+                if [ "$SETS" = @base ]; then
+                  on_tree base timeout 125 $RUN --out "$R/var-$NAME" $P >"$R/var-$NAME.log" 2>&1
+                else
+                  env ${SETS//,/ } PYTHONPATH=$PWD/benchmarks/gpu/tuning_hook:$PYTHONPATH \
+                    timeout 125 $RUN --out "$R/var-$NAME" $P >"$R/var-$NAME.log" 2>&1
+                fi
+              done ;;
     *) echo "unknown step $STEP" >&2 ;;
   esac
   # After every step: what is done comes back even if a later step outlives the call. The
