@@ -7,6 +7,9 @@ changes nothing.
 
 - ``INFERMUX_BENCH_HOLD=N``: the front ends' micro-batch hold,
   :data:`infermux.transport.grouping.HOLD_WHILE_IN_FLIGHT`.
+- ``INFERMUX_BENCH_HOLD_US=N``: the longest a held micro-batch waits,
+  :data:`infermux.transport.grouping.HOLD_SECONDS` (2,000 µs by default; a uvloop timer, so
+  whole milliseconds: 1000 is the shorter value worth trying).
 - ``INFERMUX_BENCH_PAD_STEP=N``: CUDA graph buckets also every ``N`` rows from 8 to 64, beside
   :func:`infermux.runtime.graphs.padding_sizes` (steps of 4 there by default).
 """
@@ -16,13 +19,17 @@ from __future__ import annotations
 import os
 
 _HOLD = os.environ.get("INFERMUX_BENCH_HOLD", "")
+_HOLD_US = os.environ.get("INFERMUX_BENCH_HOLD_US", "")
 _PAD_STEP = os.environ.get("INFERMUX_BENCH_PAD_STEP", "")
 
-if _HOLD:
+if _HOLD or _HOLD_US:
     from infermux.transport import grouping, micro_batcher
 
-    # micro_batcher reads its own copy of the name (``from .grouping import ...``) at each hold.
-    grouping.HOLD_WHILE_IN_FLIGHT = micro_batcher.HOLD_WHILE_IN_FLIGHT = int(_HOLD)
+    # micro_batcher reads its own copies of the names (``from .grouping import ...``) at each hold.
+    if _HOLD:
+        grouping.HOLD_WHILE_IN_FLIGHT = micro_batcher.HOLD_WHILE_IN_FLIGHT = int(_HOLD)
+    if _HOLD_US:
+        grouping.HOLD_SECONDS = micro_batcher.HOLD_SECONDS = int(_HOLD_US) / 1e6
 
 if _PAD_STEP:
     from infermux.runtime import graphs
