@@ -165,6 +165,8 @@ for STEP in "$@"; do
                   env ${SETS//,/ } PYTHONPATH=$PWD/benchmarks/gpu/tuning_hook:$PYTHONPATH \
                     timeout 125 $RUN --out "$R/var-$NAME" $P >"$R/var-$NAME.log" 2>&1
                 fi
+                # Each variant's results come back even if a later one outlives the call.
+                tar czf "${OUT:-/tmp/out}/res.tgz" -C "$R" .
               done ;;
     *) echo "unknown step $STEP" >&2 ;;
   esac
