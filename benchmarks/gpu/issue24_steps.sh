@@ -59,6 +59,11 @@
 RUN="python3 benchmarks/gpu/run.py --frontends 12 --batch-curve 16,24,32,40,48,64"
 SWEEP="--protocols pa_grpc_shm,pa_grpc_cuda_shm,pa_grpc,pa_http --concurrency 1,16,64,256
        --queue-delay-us 500 --pa-http-interval-ms 2000 --profile"
+# ResNet-50's saturated point as the probes run it (gRPC + system shm, c=256, delay 500).
+C256="--servers infermux --protocols pa_grpc_shm --concurrency 256 --queue-delay-us 500
+      --raw-seconds 1"
+# What is done so far, packed where it comes back even if a later run outlives the call.
+pack() { tar czf "${OUT:-/tmp/out}/res.tgz" -C "$R" .; }
 # Run a command on one tree of an A/B: "base" (ab_base/src) or "head" (src/).
 on_tree() {
   local src=$PWD/src
@@ -145,17 +150,14 @@ for STEP in "$@"; do
                  --concurrency 16,64 --queue-delay-us 500 --pa-http-interval-ms 2000 \
                  --raw-seconds 1 --deadline 125 >"$R/ab-load-$TREE.log" 2>&1
              done ;;
-    i2|i4) timeout 110 $RUN --out "$R/$STEP" --models resnet50 --servers infermux \
-             --protocols pa_grpc_shm --concurrency 256 --queue-delay-us 500 --raw-seconds 1 \
-             --instances ${STEP#i} --deadline 95 >"$R/$STEP.log" 2>&1 ;;
-    probe) P="--models resnet50 --servers infermux --protocols pa_grpc_shm --concurrency 256
-              --queue-delay-us 500 --raw-seconds 1 --deadline 110"
+    i2|i4) timeout 110 $RUN --out "$R/$STEP" --models resnet50 $C256 --instances ${STEP#i} \
+             --deadline 95 >"$R/$STEP.log" 2>&1 ;;
+    probe) P="--models resnet50 $C256 --deadline 110"
            timeout 125 $RUN --out "$R/probe-i4" $P >"$R/probe-i4.log" 2>&1
            timeout 125 $RUN --out "$R/probe-i2" $P --instances 2 >"$R/probe-i2.log" 2>&1
            timeout 125 $RUN --out "$R/probe-async" $P --pa-async >"$R/probe-async.log" 2>&1
            on_tree base timeout 125 $RUN --out "$R/probe-base" $P >"$R/probe-base.log" 2>&1 ;;
-    variants) P="--models ${VAR_MODEL:-resnet50} --servers infermux --protocols pa_grpc_shm
-                --concurrency 256 --queue-delay-us 500 --raw-seconds 1 --deadline 110"
+    variants) P="--models ${VAR_MODEL:-resnet50} $C256 --deadline 110"
               python3 -c "import grpc; print(grpc.__version__)" >"$R/grpcio.txt" 2>&1
               for V in ${VARIANTS:-head: pad2:INFERMUX_BENCH_PAD_STEP=2 hold4:INFERMUX_BENCH_HOLD=4 base:@base}; do
                 NAME=${V%%:*} SETS=${V#*:}
@@ -165,8 +167,7 @@ for STEP in "$@"; do
                   env ${SETS//,/ } PYTHONPATH=$PWD/benchmarks/gpu/tuning_hook:$PYTHONPATH \
                     timeout 125 $RUN --out "$R/var-$NAME" $P >"$R/var-$NAME.log" 2>&1
                 fi
-                # Each variant's results come back even if a later one outlives the call.
-                tar czf "${OUT:-/tmp/out}/res.tgz" -C "$R" .
+                pack  # each variant's results, in case a later one outlives the call
               done ;;
     *) echo "unknown step $STEP" >&2 ;;
   esac
@@ -175,5 +176,5 @@ for STEP in "$@"; do
   # tree is named by a digest of src/'s Python files: the same command here finds the commit.
   git rev-parse HEAD >"$R/checkout-head.txt" 2>/dev/null
   (cd src && find . -name '*.py' | LC_ALL=C sort | xargs cat | sha1sum) >"$R/src-sha1.txt"
-  tar czf "${OUT:-/tmp/out}/res.tgz" -C "$R" .
+  pack
 done
