@@ -49,7 +49,7 @@
 #   bash benchmarks/gpu/issue24_steps.sh variants            (~9 min: ResNet-50 (VAR_MODEL) gRPC + shm
 #       at c=256, delay 500, once per entry of $VARIANTS, "NAME:VAR=VALUE,VAR=VALUE" with the
 #       variables benchmarks/gpu/tuning_hook reads, or "NAME:@base" for the tree in ab_base/src;
-#       default "head: pad2:INFERMUX_BENCH_PAD_STEP=2 hold4:INFERMUX_BENCH_HOLD=4 base:@base")
+#       default $DEFAULT_VARIANTS below: each candidate twice, ABCD ABCD, ~65 s a run)
 # Results land in $OUT/res.tgz (-> benchmarks/results/gpu/issue24/<step>-<commit>/).
 # shellcheck source=../device_setup.sh
 . "$(dirname "$0")/../device_setup.sh"
@@ -62,6 +62,11 @@ SWEEP="--protocols pa_grpc_shm,pa_grpc_cuda_shm,pa_grpc,pa_http --concurrency 1,
 # ResNet-50's saturated point as the probes run it (gRPC + system shm, c=256, delay 500).
 C256="--servers infermux --protocols pa_grpc_shm --concurrency 256 --queue-delay-us 500
       --raw-seconds 1"
+# The variants step's candidates: finer graph buckets, a longer hold, the executor ahead of the
+# host's other processes; each twice, so that a difference can be set beside the repeat's.
+DEFAULT_VARIANTS="head: pad2:INFERMUX_BENCH_PAD_STEP=2 hold4:INFERMUX_BENCH_HOLD=4
+  nice:INFERMUX_BENCH_EXECUTOR_NICE=-10 head-r: pad2-r:INFERMUX_BENCH_PAD_STEP=2
+  hold4-r:INFERMUX_BENCH_HOLD=4 nice-r:INFERMUX_BENCH_EXECUTOR_NICE=-10"
 # What is done so far, packed where it comes back even if a later run outlives the call.
 pack() { tar czf "${OUT:-/tmp/out}/res.tgz" -C "$R" .; }
 # Run a command on one tree of an A/B: "base" (ab_base/src) or "head" (src/).
@@ -159,7 +164,7 @@ for STEP in "$@"; do
            on_tree base timeout 125 $RUN --out "$R/probe-base" $P >"$R/probe-base.log" 2>&1 ;;
     variants) P="--models ${VAR_MODEL:-resnet50} $C256 --deadline 110"
               python3 -c "import grpc; print(grpc.__version__)" >"$R/grpcio.txt" 2>&1
-              for V in ${VARIANTS:-head: pad2:INFERMUX_BENCH_PAD_STEP=2 hold4:INFERMUX_BENCH_HOLD=4 base:@base}; do
+              for V in ${VARIANTS:-$DEFAULT_VARIANTS}; do
                 NAME=${V%%:*} SETS=${V#*:}
                 if [ "$SETS" = @base ]; then
                   on_tree base timeout 125 $RUN --out "$R/var-$NAME" $P >"$R/var-$NAME.log" 2>&1
