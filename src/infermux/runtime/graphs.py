@@ -82,21 +82,21 @@ def graph_buckets(config: ModelConfig) -> tuple[GraphBucket, ...]:
 
 
 def padding_sizes(top: int) -> list[int]:
-    """Batch sizes up to ``top`` whose graphs pad any batch over 8 rows by fewer than 4 rows, or
-    by less than an eighth of it: the powers of two and, from 8 on, the sizes between each power
-    ``p`` and the next in steps of ``max(4, p / 8)`` (12, 16, 20, ..., 60, 64, 72, ..., 120, 128,
-    144, ...: 26 graphs for 128). Once batches fill the GPU a padded row costs as much as a real
-    one: with powers of two alone a dynamic batcher's batches of 33 rows ran at the cost of 64, and
-    with a quarter-power step (10, 12, 14, 16, 20, ...) ResNet-50 at c=256 still ran 7.6% padding
-    rows, against 3.8% and 6% more throughput with steps of 4 (docs/decisions.md). Below 8 rows
-    a GPU runs a padded row at almost no cost. Steps grow with the power so that a large
-    ``max_batch_size`` keeps a bounded number of graphs (8 per doubling)."""
+    """Batch sizes up to ``top`` whose graphs pad a batch of 8 to 64 rows by at most one row and
+    a larger one by less than an eighth: the powers of two, every second size from 8 to 64, and
+    from 64 on the sizes between each power ``p`` and the next in steps of ``p / 8`` (10, 12, ...,
+    62, 64, 72, ..., 120, 128, 144, ...: 40 graphs for 128). Once batches fill the GPU a padded
+    row costs as much as a real one: with powers of two alone a dynamic batcher's batches of 33
+    rows ran at the cost of 64; with steps of 4 ResNet-50 at c=256 still ran 5.8% padding rows,
+    where its batches form (docs/decisions.md). Below 8 rows a GPU runs a padded row at almost no
+    cost. Above 64 the steps grow with the power, so that a large ``max_batch_size`` keeps a
+    bounded number of graphs (8 per doubling)."""
     sizes = []
     power = 1
     while power <= top:
         sizes.append(power)
         if power >= 8:
-            step = max(4, power // 8)
+            step = 2 if power < 64 else power // 8
             sizes.extend(range(power + step, min(2 * power, top + 1), step))
         power *= 2
     return sizes

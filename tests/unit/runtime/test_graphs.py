@@ -42,19 +42,14 @@ def test_no_graphs_unless_the_config_asks(tmp_path: Path) -> None:
 
 def test_without_dynamic_batching_tritons_sizes_plus_padding_sizes(tmp_path: Path) -> None:
     assert sizes(graph_buckets(config(tmp_path, 8))) == [1, 2, 3, 4, 6, 8]
-    assert sizes(graph_buckets(config(tmp_path, 40))) == [
-        *(1, 2, 3, 4, 6, 8, 12, 16, 20, 24, 28, 32, 36, 40)
-    ]
+    assert sizes(graph_buckets(config(tmp_path, 40))) == [1, 2, 3, 4, 6, *range(8, 41, 2)]
     assert sizes(graph_buckets(config(tmp_path, 5))) == [1, 2, 3, 4, 5]
 
 
 def test_with_dynamic_batching_one_preferred_and_max_plus_padding_sizes(tmp_path: Path) -> None:
     extra = GRAPHS + "dynamic_batching { preferred_batch_size: [ 24, 36 ] }\n"
     buckets = graph_buckets(config(tmp_path, 128, extra))
-    assert sizes(buckets) == [
-        *(1, 2, 4, 8, 12, 16, 20, 24, 28, 32, 36, 40, 44, 48, 52, 56, 60, 64),
-        *(72, 80, 88, 96, 104, 112, 120, 128),
-    ]
+    assert sizes(buckets) == [1, 2, 4, *range(8, 65, 2), *range(72, 129, 8)]
     assert all(b.lower_bound == 1 and b.dims == {"x": (4,)} for b in buckets)
 
 
@@ -68,9 +63,16 @@ def test_a_batch_over_eight_rows_pads_fewer_than_four_rows_or_an_eighth(top: int
         assert bucket - rows < max(4, rows / 8), (rows, bucket)
 
 
+@pytest.mark.parametrize("top", [9, 33, 64, 100])
+def test_a_batch_of_eight_to_sixty_four_rows_pads_at_most_one_row(top: int) -> None:
+    buckets = padding_sizes(top)
+    for rows in range(8, min(64, buckets[-1]) + 1):
+        assert min(b for b in buckets if b >= rows) - rows <= 1, rows
+
+
 def test_graphs_grow_by_at_most_eight_per_doubling_of_the_largest_batch() -> None:
-    assert len(padding_sizes(128)) == 26
-    assert len(padding_sizes(1024)) == 26 + 3 * 8
+    assert len(padding_sizes(128)) == 40
+    assert len(padding_sizes(1024)) == 40 + 3 * 8
 
 
 def test_a_model_without_batching_has_one_graph(tmp_path: Path) -> None:
