@@ -15,16 +15,20 @@ changes nothing.
 - ``INFERMUX_BENCH_EXECUTOR_NICE=N``: the executor process runs at nice ``N`` (negative: ahead
   of the front ends and perf_analyzer's threads on a saturated host; needs root). Asks whether
   the executor's loop, the one serial stage, waits for a core at c=256.
+- ``INFERMUX_BENCH_FRONTEND_NICE=N``: every front end at nice ``N`` (positive needs no
+  privilege: the executor ahead of the front ends, not of the client).
 """
 
 from __future__ import annotations
 
 import os
+from types import ModuleType
 
 _HOLD = os.environ.get("INFERMUX_BENCH_HOLD", "")
 _HOLD_US = os.environ.get("INFERMUX_BENCH_HOLD_US", "")
 _PAD_STEP = os.environ.get("INFERMUX_BENCH_PAD_STEP", "")
 _NICE = os.environ.get("INFERMUX_BENCH_EXECUTOR_NICE", "")
+_FRONTEND_NICE = os.environ.get("INFERMUX_BENCH_FRONTEND_NICE", "")
 
 if _HOLD or _HOLD_US:
     from infermux.transport import grouping, micro_batcher
@@ -46,17 +50,28 @@ if _PAD_STEP:
 
     graphs.padding_sizes = _finer
 
+
+def _niced(module: ModuleType, nice: str) -> None:
+    """Have ``module.main`` (a process entry point the supervisor spawns) start at ``nice``."""
+    main = module.main
+
+    def niced_main(*args: object, **kwargs: object) -> None:
+        os.nice(int(nice))
+        main(*args, **kwargs)
+
+    # The supervisor's spawn pickles the entry point by module and name: the child looks the
+    # name up after this hook ran, so it starts here.
+    niced_main.__qualname__ = niced_main.__name__ = "main"
+    niced_main.__module__ = module.__name__
+    module.main = niced_main
+
+
 if _NICE:
     from infermux.processes import executor
 
-    _main = executor.main
+    _niced(executor, _NICE)
 
-    def _niced_main(*args: object, **kwargs: object) -> None:
-        os.nice(int(_NICE))
-        _main(*args, **kwargs)  # type: ignore[arg-type]
+if _FRONTEND_NICE:
+    from infermux.processes import frontend
 
-    # The supervisor's spawn pickles ``executor.main`` by name: the child looks the name up
-    # after this hook ran, so it starts here.
-    _niced_main.__qualname__ = _niced_main.__name__ = "main"
-    _niced_main.__module__ = executor.__name__
-    executor.main = _niced_main
+    _niced(frontend, _FRONTEND_NICE)
