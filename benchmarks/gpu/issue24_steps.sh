@@ -22,7 +22,8 @@
 #       with TRITON_CLIENT_GRPC_CHANNEL_MAX_SHARE_COUNT=1: a connection per perf_analyzer thread,
 #       so SO_REUSEPORT spreads 256 connections over the front ends, not ~43)
 #   bash benchmarks/gpu/issue24_steps.sh shm-check           (~20 s: benchmarks/gpu/cuda_shm_check.py)
-#   bash benchmarks/gpu/issue24_steps.sh tests-runtime       (~40 s: the GPU runtime tests only)
+#   bash benchmarks/gpu/issue24_steps.sh tests-runtime       (~1 min: the GPU runtime and launched-
+#       path tests: graphs, streams, memory, the event-driven completions)
 #   bash benchmarks/gpu/issue24_steps.sh tests-cuda          (~1 min: the CUDA-shm GPU tests only)
 #   bash benchmarks/gpu/issue24_steps.sh copy-check          (~30 s: benchmarks/gpu/copy_check.py,
 #       a batch's per-request copies queued one driver call each or in one cuMemcpyBatchAsync)
@@ -124,7 +125,8 @@ for STEP in "$@"; do
                 --out "$R/c1_floor.json" >"$R/c1-floor.log" 2>&1 ;;
     copy-check) timeout 100 python3 benchmarks/gpu/copy_check.py \
                   --out "$R/copy_check.json" >"$R/copy-check.log" 2>&1 ;;
-    tests-runtime) timeout 90 python3 -m pytest -m gpu tests/gpu/test_runtime_gpu.py -q \
+    tests-runtime) timeout 150 python3 -m pytest -m gpu tests/gpu/test_runtime_gpu.py \
+                     tests/gpu/test_launched_gpu.py -q \
                      -p no:cacheprovider -rs >"$R/gpu-tests-runtime.log" 2>&1 ;;
     tests-cuda) timeout 200 python3 -m pytest -m gpu tests/gpu/test_cuda_shm_gpu.py \
                   tests/gpu/test_cuda_micro_batch_gpu.py -q -p no:cacheprovider -rs \
