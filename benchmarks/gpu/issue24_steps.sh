@@ -47,6 +47,9 @@
 #       (made from this one with a change to try, e.g. front ends that never hold a micro-batch)
 #   bash benchmarks/gpu/issue24_steps.sh i2 i4               (~1 min each: ResNet-50 gRPC + shm at
 #       c=256, delay 500, with 2 or 4 instances; each step's results come back on their own)
+#   bash benchmarks/gpu/issue24_steps.sh gputrace            (~2.5 min: ResNet-50 gRPC + shm at
+#       c=256, delay 500, with py-spy and a trace of each executor's GPU streams, gputrace.py:
+#       per stream busy share and idle gaps, streams busy at once, copies by direction)
 #   bash benchmarks/gpu/issue24_steps.sh variants            (~9 min: ResNet-50 (VAR_MODEL) gRPC + shm
 #       at c=256, delay 500, once per entry of $VARIANTS, "NAME:VAR=VALUE,VAR=VALUE" with the
 #       variables benchmarks/gpu/tuning_hook reads, or "NAME:@base" for the tree in ab_base/src;
@@ -157,6 +160,8 @@ for STEP in "$@"; do
                  --concurrency 16,64 --queue-delay-us 500 --pa-http-interval-ms 2000 \
                  --raw-seconds 1 --deadline 125 >"$R/ab-load-$TREE.log" 2>&1
              done ;;
+    gputrace) timeout 200 $RUN --out "$R/gputrace" --models resnet50 $C256 --profile \
+                --profile-gpu-trace --deadline 180 >"$R/gputrace.log" 2>&1 ;;
     i2|i4) timeout 110 $RUN --out "$R/$STEP" --models resnet50 $C256 --instances ${STEP#i} \
              --deadline 95 >"$R/$STEP.log" 2>&1 ;;
     probe) P="--models resnet50 $C256 --deadline 110"

@@ -40,6 +40,7 @@ from typing import Any
 
 import cprofiling
 import cpuroles
+import gputrace
 import perfanalyzer
 import pyspy
 from clients import SharedRegions, Target
@@ -288,6 +289,15 @@ class Bench:
     def point_s(self, protocol: str) -> tuple[float, float]:
         return point_s(self.args, protocol)
 
+    def profiler_env(self) -> dict[str, str] | None:
+        """The server's environment for --profile-cprofile or --profile-gpu-trace (each hook is
+        a ``sitecustomize``, so one at a time)."""
+        if self.args.profile_cprofile:
+            return cprofiling.server_env(self.work / "cprofile")
+        if self.args.profile_gpu_trace:
+            return gputrace.server_env(self.work / "gputrace")
+        return None
+
     def start(self, model: str, name: str, log: Path) -> Server:
         args = self.args
         if name in self.frontends and name.startswith("infermux"):
@@ -298,9 +308,7 @@ class Bench:
                 frontends=self.frontends[name],
                 executors=args.executors,
                 max_shm_regions=shm_regions(args.concurrency),
-                env=cprofiling.server_env(self.work / "cprofile")
-                if args.profile_cprofile
-                else None,
+                env=self.profiler_env(),
             )
         spec = model_spec(model, args.tiny)
         return start_peer(
@@ -451,6 +459,8 @@ class Bench:
             if args.profile_cprofile:
                 cprofiling.start(profiled)
                 return
+            if args.profile_gpu_trace:
+                gputrace.start(profiled)
             handle.update(
                 pyspy.start(
                     server.process.pid, path, args.profile_seconds, native=args.profile_native
@@ -461,6 +471,8 @@ class Bench:
             window.end()
             if args.profile_cprofile:
                 cprofiling.stop(profiled)
+            if args.profile_gpu_trace:
+                gputrace.stop(profiled)
 
         self.clock.log(
             f"{model}/infermux: py-spy {args.profile_seconds:g} s at {protocol} c={conc}"
@@ -484,6 +496,10 @@ class Bench:
         if args.profile_cprofile:
             title = f"{model} infermux {protocol} c={conc}, executor loop threads {profiled}"
             self.summaries.append(cprofiling.summary(self.work / "cprofile", profiled, title))
+            out["summary"] = PROFILE_SUMMARY
+        if args.profile_gpu_trace:
+            title = f"{model} infermux {protocol} c={conc}, executors {profiled}"
+            self.summaries.append(gputrace.summary(self.work / "gputrace", profiled, title))
             out["summary"] = PROFILE_SUMMARY
         if path.exists():
             leader = server.process.pid
@@ -778,8 +794,17 @@ def parse_args() -> argparse.Namespace:
         help="instead of py-spy: cProfile the executors' loop threads over the profile run "
         "(benchmarks/gpu/cprofiling.py), its text in OUT/pyspy_summary.txt",
     )
+    p.add_argument(
+        "--profile-gpu-trace",
+        action="store_true",
+        help="beside py-spy: a trace of the GPU's streams in each executor over the profile run "
+        "(benchmarks/gpu/gputrace.py), its summary in OUT/pyspy_summary.txt",
+    )
     p.add_argument("--keep-workdir", action="store_true", help="keep repositories and logs")
-    return p.parse_args()
+    args = p.parse_args()
+    if args.profile_cprofile and args.profile_gpu_trace:
+        p.error("--profile-cprofile and --profile-gpu-trace each install a sitecustomize: one")
+    return args
 
 
 def terminate(signum: int, _frame: FrameType | None) -> None:

@@ -185,6 +185,99 @@ def test_the_cprofile_hook_profiles_a_process_between_the_two_signals(tmp_path: 
     assert "no dump" in missing
 
 
+def gpu_event(stream: int, start: float, dur: float, cat: str = "kernel", name: str = "k") -> Any:
+    return {
+        "ph": "X",
+        "cat": cat,
+        "name": name,
+        "ts": start,
+        "dur": dur,
+        "args": {"stream": stream},
+    }
+
+
+def test_the_gpu_trace_says_how_long_streams_overlapped_and_idled() -> None:
+    # Stream 7 busy 0-40 and 60-100 (one kernel overlapping another), stream 8 busy 20-80 with a
+    # host-to-device copy; a CPU event and an instant event are not the GPU's.
+    gputrace = load("gputrace")
+    events = [
+        gpu_event(7, 0, 30),
+        gpu_event(7, 10, 30),
+        gpu_event(7, 60, 40),
+        gpu_event(8, 20, 10, "gpu_memcpy", "Memcpy HtoD (Pinned -> Device)"),
+        gpu_event(8, 30, 50),
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": -50, "dur": 500},
+        {"ph": "i", "cat": "kernel", "name": "marker", "ts": 500},
+    ]
+    figures = gputrace.analyze(events)
+    assert figures["gpu_events"] == 5
+    assert figures["span_us"] == 100
+    seven, eight = figures["streams"]
+    assert (seven["stream"], seven["busy_pct"], seven["kernels"], seven["gaps"]) == (7, 80, 3, 1)
+    assert (seven["gap_p50_us"], seven["gaps_pct"]) == (20, 20)
+    assert (eight["stream"], eight["busy_pct"], eight["kernels"], eight["gaps"]) == (8, 60, 1, 0)
+    # 0-20 one stream, 20-40 two, 40-60 one, 60-80 two, 80-100 one: never idle.
+    assert figures["busy_at_once_pct"] == {1: 60, 2: 40}
+    assert figures["any_busy_pct"] == 100
+    assert figures["copies_pct"] == {"HtoD": 10}
+    text = gputrace.render(figures, "pid 1")
+    assert "any stream busy 100.0%" in text
+    assert "1: 60.0%, 2: 40.0%" in text
+    assert (
+        gputrace.render(gputrace.analyze(events[-2:]), "x") == "## x: no GPU activity in the trace"
+    )
+
+
+def test_the_gpu_trace_hook_records_between_the_signals_on_an_event_loop(tmp_path: Path) -> None:
+    # run.py --profile-gpu-trace: SIGUSR1 starts torch's profiler on the process's loop thread
+    # (CPU activity where there is no GPU), stops it after INFERMUX_BENCH_GPU_TRACE_SECONDS,
+    # and SIGUSR2 writes the trace, which summary() reads.
+    import os
+    import subprocess
+    import time
+
+    pytest.importorskip("torch")
+    gputrace = load("gputrace")
+    worker = tmp_path / "worker.py"
+    worker.write_text(
+        "import asyncio, torch\n"
+        "async def main():\n"
+        "    x = torch.ones(64, 64)\n"
+        "    print('ready', flush=True)\n"
+        "    for _ in range(3000):\n"
+        "        x = torch.mm(x, x).clamp(max=1.0)\n"
+        "        await asyncio.sleep(0.01)\n"
+        "asyncio.run(main())\n"
+    )
+    env = {
+        **os.environ,
+        **gputrace.server_env(tmp_path / "traces"),
+        "INFERMUX_BENCH_GPU_TRACE_SECONDS": "0.3",
+    }
+    child = subprocess.Popen(
+        [sys.executable, str(worker)], env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "ready"
+        gputrace.start([child.pid])
+        time.sleep(1.0)  # past the timed stop
+        gputrace.stop([child.pid])
+        text = gputrace.summary(tmp_path / "traces", [child.pid], "a worker", wait_s=30)
+    finally:
+        child.kill()
+        child.wait()
+        if child.stdout is not None:
+            child.stdout.close()
+    trace = tmp_path / "traces" / f"gputrace-{child.pid}.json"
+    assert trace.exists()
+    names = trace.read_text()
+    assert "aten::mm" in names  # CPU activity: this machine has no GPU
+    assert f"pid {child.pid}: no GPU activity" in text
+    missing = gputrace.summary(tmp_path / "traces", [child.pid + 1_000_000], "x", wait_s=0.1)
+    assert "no trace" in missing
+
+
 def test_perf_analyzer_runs_with_the_environment_it_is_given(tmp_path: Path) -> None:
     """``--pa-grpc-channel-share`` works through perf_analyzer's environment: the variable must
     reach the process (it did not: the H200 run meant to give each thread its own connection
