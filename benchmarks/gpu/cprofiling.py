@@ -13,36 +13,20 @@ run's executions or inferences).
 from __future__ import annotations
 
 import io
-import os
 import pstats
-import signal
 import time
 from pathlib import Path
 
+import profile_hooks
+
 HOOK = Path(__file__).resolve().parent / "cprofile_hook"
+start = profile_hooks.start  # SIGUSR1 to the profiled processes: the window opens
+stop = profile_hooks.stop  # SIGUSR2: it closes
 
 
 def server_env(directory: Path) -> dict[str, str]:
     """Environment additions for ``infermux serve`` (dumps go to ``directory``)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    path = os.pathsep.join(p for p in (str(HOOK), os.environ.get("PYTHONPATH", "")) if p)
-    return {"PYTHONPATH": path, "INFERMUX_BENCH_CPROFILE": str(directory)}
-
-
-def _signal(pids: list[int], signum: int) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, signum)
-        except ProcessLookupError:
-            pass
-
-
-def start(pids: list[int]) -> None:
-    _signal(pids, signal.SIGUSR1)
-
-
-def stop(pids: list[int]) -> None:
-    _signal(pids, signal.SIGUSR2)
+    return profile_hooks.server_env(HOOK, "INFERMUX_BENCH_CPROFILE", directory)
 
 
 def summary(directory: Path, pids: list[int], title: str, *, wait_s: float = 5.0) -> str:

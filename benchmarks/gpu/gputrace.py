@@ -18,14 +18,16 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
-import signal
 import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+import profile_hooks
+
 HOOK = Path(__file__).resolve().parent / "gputrace_hook"
+start = profile_hooks.start  # SIGUSR1 to the profiled processes: the window opens
+stop = profile_hooks.stop  # SIGUSR2: it closes
 GPU_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 COPY_KINDS = ("HtoD", "DtoH", "DtoD", "Memset")
 
@@ -34,25 +36,7 @@ Interval = tuple[float, float]
 
 def server_env(directory: Path) -> dict[str, str]:
     """Environment additions for ``infermux serve`` (traces go to ``directory``)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    path = os.pathsep.join(p for p in (str(HOOK), os.environ.get("PYTHONPATH", "")) if p)
-    return {"PYTHONPATH": path, "INFERMUX_BENCH_GPU_TRACE": str(directory)}
-
-
-def _signal(pids: list[int], signum: int) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, signum)
-        except ProcessLookupError:
-            pass
-
-
-def start(pids: list[int]) -> None:
-    _signal(pids, signal.SIGUSR1)
-
-
-def stop(pids: list[int]) -> None:
-    _signal(pids, signal.SIGUSR2)
+    return profile_hooks.server_env(HOOK, "INFERMUX_BENCH_GPU_TRACE", directory)
 
 
 def merged(intervals: list[Interval]) -> list[Interval]:

@@ -145,16 +145,34 @@ def test_server_runs_cross_front_end_counts_with_bucket_variants() -> None:
     assert run.server_runs(args)[0] == ("infermux", "infermux", 12, None)
 
 
+@contextlib.contextmanager
+def signalled_worker(script: str, env: dict[str, str]) -> Iterator[int]:
+    """A Python process running ``script`` (which prints "ready" once it may be signalled) with
+    ``env`` added to its environment: its pid, until the block ends and it is killed."""
+    import os
+    import subprocess
+
+    child = subprocess.Popen(
+        [sys.executable, "-c", script], env={**os.environ, **env}, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "ready"
+        yield child.pid
+    finally:
+        child.kill()
+        child.wait()
+        if child.stdout is not None:
+            child.stdout.close()
+
+
 def test_the_cprofile_hook_profiles_a_process_between_the_two_signals(tmp_path: Path) -> None:
     # run.py --profile-cprofile: every process of the server imports the hook's sitecustomize;
     # SIGUSR1 starts a profile of its main thread, SIGUSR2 writes it; summary() reads it.
-    import os
-    import subprocess
     import time
 
     cprofiling = load("cprofiling")
-    worker = tmp_path / "worker.py"
-    worker.write_text(
+    script = (
         "import sys, time\n"
         "def spin_between_signals():\n"
         "    return sum(range(1000))\n"
@@ -163,25 +181,14 @@ def test_the_cprofile_hook_profiles_a_process_between_the_two_signals(tmp_path: 
         "while time.monotonic() < end:\n"
         "    spin_between_signals()\n"
     )
-    env = {**os.environ, **cprofiling.server_env(tmp_path / "dumps")}
-    child = subprocess.Popen(
-        [sys.executable, str(worker)], env=env, stdout=subprocess.PIPE, text=True
-    )
-    try:
-        assert child.stdout is not None
-        assert child.stdout.readline().strip() == "ready"
-        cprofiling.start([child.pid])
+    with signalled_worker(script, cprofiling.server_env(tmp_path / "dumps")) as pid:
+        cprofiling.start([pid])
         time.sleep(0.5)
-        cprofiling.stop([child.pid])
-        text = cprofiling.summary(tmp_path / "dumps", [child.pid], "a worker")
-    finally:
-        child.kill()
-        child.wait()
-        if child.stdout is not None:
-            child.stdout.close()
-    assert f"pid {child.pid}, by tottime" in text
+        cprofiling.stop([pid])
+        text = cprofiling.summary(tmp_path / "dumps", [pid], "a worker")
+    assert f"pid {pid}, by tottime" in text
     assert "spin_between_signals" in text
-    missing = cprofiling.summary(tmp_path / "dumps", [child.pid + 1_000_000], "x", wait_s=0.1)
+    missing = cprofiling.summary(tmp_path / "dumps", [pid + 1_000_000], "x", wait_s=0.1)
     assert "no dump" in missing
 
 
@@ -232,14 +239,11 @@ def test_the_gpu_trace_hook_records_between_the_signals_on_an_event_loop(tmp_pat
     # run.py --profile-gpu-trace: SIGUSR1 starts torch's profiler on the process's loop thread
     # (CPU activity where there is no GPU), stops it after INFERMUX_BENCH_GPU_TRACE_SECONDS,
     # and SIGUSR2 writes the trace, which summary() reads.
-    import os
-    import subprocess
     import time
 
     pytest.importorskip("torch")
     gputrace = load("gputrace")
-    worker = tmp_path / "worker.py"
-    worker.write_text(
+    script = (
         "import asyncio, torch\n"
         "async def main():\n"
         "    x = torch.ones(64, 64)\n"
@@ -250,31 +254,18 @@ def test_the_gpu_trace_hook_records_between_the_signals_on_an_event_loop(tmp_pat
         "asyncio.run(main())\n"
     )
     env = {
-        **os.environ,
         **gputrace.server_env(tmp_path / "traces"),
         "INFERMUX_BENCH_GPU_TRACE_SECONDS": "0.3",
     }
-    child = subprocess.Popen(
-        [sys.executable, str(worker)], env=env, stdout=subprocess.PIPE, text=True
-    )
-    try:
-        assert child.stdout is not None
-        assert child.stdout.readline().strip() == "ready"
-        gputrace.start([child.pid])
+    with signalled_worker(script, env) as pid:
+        gputrace.start([pid])
         time.sleep(1.0)  # past the timed stop
-        gputrace.stop([child.pid])
-        text = gputrace.summary(tmp_path / "traces", [child.pid], "a worker", wait_s=30)
-    finally:
-        child.kill()
-        child.wait()
-        if child.stdout is not None:
-            child.stdout.close()
-    trace = tmp_path / "traces" / f"gputrace-{child.pid}.json"
-    assert trace.exists()
-    names = trace.read_text()
-    assert "aten::mm" in names  # CPU activity: this machine has no GPU
-    assert f"pid {child.pid}: no GPU activity" in text
-    missing = gputrace.summary(tmp_path / "traces", [child.pid + 1_000_000], "x", wait_s=0.1)
+        gputrace.stop([pid])
+        text = gputrace.summary(tmp_path / "traces", [pid], "a worker", wait_s=30)
+    trace = tmp_path / "traces" / f"gputrace-{pid}.json"
+    assert "aten::mm" in trace.read_text()  # CPU activity: this machine has no GPU
+    assert f"pid {pid}: no GPU activity" in text
+    missing = gputrace.summary(tmp_path / "traces", [pid + 1_000_000], "x", wait_s=0.1)
     assert "no trace" in missing
 
 
