@@ -98,7 +98,7 @@ def analyze(events: list[dict[str, Any]]) -> dict[str, Any]:
         )
     at_once: dict[int, float] = defaultdict(float)
     level, last = 0, begin
-    for moment, change in sorted(edges, key=lambda edge: (edge[0], edge[1])):
+    for moment, change in sorted(edges):  # at one moment, ends (-1) before starts (+1)
         if moment > last:
             at_once[level] += moment - last
         level, last = level + change, moment
