@@ -50,7 +50,7 @@
 #   bash benchmarks/gpu/issue24_steps.sh gputrace            (~2.5 min: ResNet-50 gRPC + shm at
 #       c=256, delay 500, with py-spy and a trace of each executor's GPU streams, gputrace.py:
 #       per stream busy share and idle gaps, streams busy at once, copies by direction)
-#   bash benchmarks/gpu/issue24_steps.sh variants            (~9 min: ResNet-50 (VAR_MODEL) gRPC + shm
+#   bash benchmarks/gpu/issue24_steps.sh variants            (~7 min: ResNet-50 (VAR_MODEL) gRPC + shm
 #       at c=256, delay 500, once per entry of $VARIANTS, "NAME:VAR=VALUE,VAR=VALUE" with the
 #       variables benchmarks/gpu/tuning_hook reads, or "NAME:@base" for the tree in ab_base/src;
 #       default $DEFAULT_VARIANTS below: each candidate twice, ABCD ABCD, ~65 s a run)
@@ -66,11 +66,12 @@ SWEEP="--protocols pa_grpc_shm,pa_grpc_cuda_shm,pa_grpc,pa_http --concurrency 1,
 # ResNet-50's saturated point as the probes run it (gRPC + system shm, c=256, delay 500).
 C256="--servers infermux --protocols pa_grpc_shm --concurrency 256 --queue-delay-us 500
       --raw-seconds 1"
-# The variants step's candidates: finer graph buckets, a longer hold, the executor ahead of the
-# host's other processes; each twice, so that a difference can be set beside the repeat's.
-DEFAULT_VARIANTS="head: pad2:INFERMUX_BENCH_PAD_STEP=2 hold4:INFERMUX_BENCH_HOLD=4
-  nice:INFERMUX_BENCH_EXECUTOR_NICE=-10 head-r: pad2-r:INFERMUX_BENCH_PAD_STEP=2
-  hold4-r:INFERMUX_BENCH_HOLD=4 nice-r:INFERMUX_BENCH_EXECUTOR_NICE=-10"
+# The variants step's candidates: the front ends behind the executor (no privilege needed), the
+# executor ahead of the host's other processes (+1.9% in variants-14666b2/); each twice, so that a
+# difference can be set beside the repeat's. (pad2 and hold4 were decided in that call: graph
+# buckets every 2 rows are the default since, so INFERMUX_BENCH_PAD_STEP=2 changes nothing.)
+DEFAULT_VARIANTS="head: fe5:INFERMUX_BENCH_FRONTEND_NICE=5 exec10:INFERMUX_BENCH_EXECUTOR_NICE=-10
+  head-r: fe5-r:INFERMUX_BENCH_FRONTEND_NICE=5 exec10-r:INFERMUX_BENCH_EXECUTOR_NICE=-10"
 # What is done so far, packed where it comes back even if a later run outlives the call.
 pack() { tar czf "${OUT:-/tmp/out}/res.tgz" -C "$R" .; }
 # Run a command on one tree of an A/B: "base" (ab_base/src) or "head" (src/).

@@ -11,7 +11,8 @@ changes nothing.
   :data:`infermux.transport.grouping.HOLD_SECONDS` (2,000 µs by default; a uvloop timer, so
   whole milliseconds: 1000 is the shorter value worth trying).
 - ``INFERMUX_BENCH_PAD_STEP=N``: CUDA graph buckets also every ``N`` rows from 8 to 64, beside
-  :func:`infermux.runtime.graphs.padding_sizes` (steps of 4 there by default).
+  :func:`infermux.runtime.graphs.padding_sizes` (every 2 rows there by default since the
+  ``variants-14666b2`` call, so only a step of 1 or an odd one adds buckets now).
 - ``INFERMUX_BENCH_EXECUTOR_NICE=N``: the executor process runs at nice ``N`` (negative: ahead
   of the front ends and perf_analyzer's threads on a saturated host; needs root). Asks whether
   the executor's loop, the one serial stage, waits for a core at c=256.
