@@ -53,7 +53,7 @@
 #   bash benchmarks/gpu/issue24_steps.sh variants            (~7 min: ResNet-50 (VAR_MODEL) gRPC + shm
 #       at c=256, delay 500, once per entry of $VARIANTS, "NAME:VAR=VALUE,VAR=VALUE" with the
 #       variables benchmarks/gpu/tuning_hook reads, or "NAME:@base" for the tree in ab_base/src;
-#       default $DEFAULT_VARIANTS below: each candidate twice, ABCD ABCD, ~65 s a run)
+#       default $DEFAULT_VARIANTS below: the tree twice; give each candidate twice, ABCD ABCD, ~65 s a run)
 # Results land in $OUT/res.tgz (-> benchmarks/results/gpu/issue24/<step>-<commit>/).
 # shellcheck source=../device_setup.sh
 . "$(dirname "$0")/../device_setup.sh"
@@ -66,12 +66,11 @@ SWEEP="--protocols pa_grpc_shm,pa_grpc_cuda_shm,pa_grpc,pa_http --concurrency 1,
 # ResNet-50's saturated point as the probes run it (gRPC + system shm, c=256, delay 500).
 C256="--servers infermux --protocols pa_grpc_shm --concurrency 256 --queue-delay-us 500
       --raw-seconds 1"
-# The variants step's candidates: the front ends behind the executor (no privilege needed), the
-# executor ahead of the host's other processes (+1.9% in variants-14666b2/); each twice, so that a
-# difference can be set beside the repeat's. (pad2 and hold4 were decided in that call: graph
-# buckets every 2 rows are the default since, so INFERMUX_BENCH_PAD_STEP=2 changes nothing.)
-DEFAULT_VARIANTS="head: fe5:INFERMUX_BENCH_FRONTEND_NICE=5 exec10:INFERMUX_BENCH_EXECUTOR_NICE=-10
-  head-r: fe5-r:INFERMUX_BENCH_FRONTEND_NICE=5 exec10-r:INFERMUX_BENCH_EXECUTOR_NICE=-10"
+# The variants step's default: the tree as it is, twice (the host's repeatability within a call).
+# Candidates come in $VARIANTS. Decided so far: graph buckets every 2 rows (adopted), a hold with 4
+# in flight, the executor at nice -10, the front ends at nice +5 (variants-14666b2/,
+# gputrace-variants-de8ea6d/; docs/decisions.md).
+DEFAULT_VARIANTS="head: head-r:"
 # What is done so far, packed where it comes back even if a later run outlives the call.
 pack() { tar czf "${OUT:-/tmp/out}/res.tgz" -C "$R" .; }
 # Run a command on one tree of an A/B: "base" (ab_base/src) or "head" (src/).
