@@ -50,6 +50,7 @@ from infermux.ipc.wire import (
     Forgotten,
     Regroup,
     Result,
+    Wanted,
     WireTensor,
     encode,
     infer_frame,
@@ -186,9 +187,12 @@ class RemoteExecutor:
         link = self._link
         if link is None:
             return
-        self._batches.released()  # answers free places: micro-batches held for one may leave
+        # Answers free places, and Wanted says an instance fell free: held micro-batches leave.
+        self._batches.released()
         for frame in frames:
             message = to_frontend(frame)
+            if isinstance(message, Wanted):
+                continue
             if isinstance(message, Forget):  # before any request of this iteration reads it
                 self._regions.forget(message.name)
                 link.send(encode(Forgotten(message.seq)))
