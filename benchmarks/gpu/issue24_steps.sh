@@ -68,8 +68,9 @@ C256="--servers infermux --protocols pa_grpc_shm --concurrency 256 --queue-delay
       --raw-seconds 1"
 # The variants step's default: the tree as it is, twice (the host's repeatability within a call).
 # Candidates come in $VARIANTS. Decided so far: graph buckets every 2 rows (adopted), a hold with 4
-# in flight, the executor at nice -10, the front ends at nice +5 (variants-14666b2/,
-# gputrace-variants-de8ea6d/; docs/decisions.md).
+# in flight, the executor at nice -10, the front ends at nice +5, a Wanted frame for held
+# micro-batches (variants-14666b2/, gputrace-variants-de8ea6d/, wanted-variants-23e6145/;
+# docs/decisions.md).
 DEFAULT_VARIANTS="head: head-r:"
 # What is done so far, packed where it comes back even if a later run outlives the call.
 pack() { tar czf "${OUT:-/tmp/out}/res.tgz" -C "$R" .; }

@@ -18,9 +18,6 @@ changes nothing.
   the executor's loop, the one serial stage, waits for a core at c=256.
 - ``INFERMUX_BENCH_FRONTEND_NICE=N``: every front end at nice ``N`` (positive needs no
   privilege: the executor ahead of the front ends, not of the client).
-- ``INFERMUX_BENCH_WANTED=0``: the executor does not ask the front ends for their held
-  micro-batches when an instance falls free (:class:`infermux.transport.wanted.HeldBatches`):
-  the tree as it was before, for an A/B in one call.
 """
 
 from __future__ import annotations
@@ -33,7 +30,6 @@ _HOLD_US = os.environ.get("INFERMUX_BENCH_HOLD_US", "")
 _PAD_STEP = os.environ.get("INFERMUX_BENCH_PAD_STEP", "")
 _NICE = os.environ.get("INFERMUX_BENCH_EXECUTOR_NICE", "")
 _FRONTEND_NICE = os.environ.get("INFERMUX_BENCH_FRONTEND_NICE", "")
-_WANTED = os.environ.get("INFERMUX_BENCH_WANTED", "")
 
 if _HOLD or _HOLD_US:
     from infermux.transport import grouping, micro_batcher
@@ -80,11 +76,3 @@ if _FRONTEND_NICE:
     from infermux.processes import frontend
 
     _niced(frontend, _FRONTEND_NICE)
-
-if _WANTED == "0":
-    from infermux.transport import wanted
-
-    def _never(self: wanted.HeldBatches) -> None:
-        return None
-
-    wanted.HeldBatches.start = _never  # type: ignore[method-assign]

@@ -195,17 +195,8 @@ class Credit(msgspec.Struct, array_like=True, tag=12):
     count: int
 
 
-class Wanted(msgspec.Struct, array_like=True, tag=13):
-    """Executor -> front end: an instance fell free with less than a full batch queued; a
-    micro-batch the front end holds back while the executor is busy may leave now (sent only to
-    a front end that published, in its request ring's header, that it holds one:
-    ``scheduling/demand.py``)."""
-
-
 ToExecutor = Infer | Call | Release | Cancel | Forgotten | Credit
-Reply = Answer | Result | Failure | Regroup | Forget | Part
-"""What the executor sends a front end about one of its requests or calls (by ``seq``)."""
-ToFrontend = Reply | Wanted
+ToFrontend = Answer | Result | Failure | Regroup | Forget | Part
 
 
 encode = msgspec.msgpack.Encoder().encode

@@ -24,7 +24,6 @@ from infermux.observability.statistics import ModelStatistics
 from infermux.observability.tracing import TRACING
 from infermux.scheduling.base import Completion, Finisher, Response
 from infermux.scheduling.deadline import Deadline
-from infermux.scheduling.demand import DEMAND
 from infermux.scheduling.instances import ExecutionTimeout, InstanceSlot, Reload
 from infermux.scheduling.queue import TIMED_OUT, Pending, RequestQueue
 from infermux.scheduling.response_gaps import ResponseGaps
@@ -263,8 +262,6 @@ class DynamicBatcher:
             # the last one's requests alive, nor what they hold (tensors, views of shared
             # memory, a CUDA region's mapping, which then cannot be closed on unregister).
             await self._run(index, slot, await self._next_batch())
-            if self._queue.rows < self._max_rows:  # requests held outside are wanted now
-                DEMAND.instance_free()
 
     async def _run(self, index: int, slot: InstanceSlot, batch: list[Pending]) -> None:
         done: asyncio.Future[None] = self._loop.create_future()

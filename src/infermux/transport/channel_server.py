@@ -68,7 +68,6 @@ from . import streams
 from .calls import CALLS, FILE_BLOCKS
 from .link import Link
 from .low_load import ExecutorLoad
-from .wanted import HeldBatches
 
 logger = logging.getLogger(__name__)
 
@@ -110,8 +109,6 @@ class ChannelServer:
         self._forgetting: dict[int, tuple[_Client, asyncio.Future[None]]] = {}
         self._load = ExecutorLoad(poll_seconds, lambda: (c.link for c in self._clients.values()))
         plane.on_shm_forgotten(self._forget)
-        self._held = HeldBatches(lambda: (c.link for c in self._clients.values()))
-        self._held.start()
 
     @property
     def channels(self) -> list[str]:
@@ -151,7 +148,6 @@ class ChannelServer:
 
     async def close(self) -> None:
         """Detach every channel (after their requests finish)."""
-        self._held.stop()
         await asyncio.gather(*(self.detach(c) for c in list(self._clients)))
 
     # -- frames -----------------------------------------------------------------------------------

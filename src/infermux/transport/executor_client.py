@@ -50,7 +50,6 @@ from infermux.ipc.wire import (
     Forgotten,
     Regroup,
     Result,
-    Wanted,
     WireTensor,
     encode,
     infer_frame,
@@ -187,12 +186,9 @@ class RemoteExecutor:
         link = self._link
         if link is None:
             return
-        # Answers free places, and Wanted says an instance fell free: held micro-batches leave.
-        self._batches.released()
+        self._batches.released()  # answers free places: micro-batches held for one may leave
         for frame in frames:
             message = to_frontend(frame)
-            if isinstance(message, Wanted):
-                continue
             if isinstance(message, Forget):  # before any request of this iteration reads it
                 self._regions.forget(message.name)
                 link.send(encode(Forgotten(message.seq)))

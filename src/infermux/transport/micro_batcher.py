@@ -22,7 +22,7 @@ from infermux.ipc.wire import (
     Failure,
     Infer,
     Regroup,
-    Reply,
+    ToFrontend,
     WireTensor,
     encode,
     raise_failure,
@@ -153,7 +153,6 @@ class MicroBatcher:
         ):
             return
         wake = self._wake[key] = asyncio.get_running_loop().create_future()
-        self._publish_holding()
         try:
             await asyncio.wait_for(wake, HOLD_SECONDS)
         except (TimeoutError, asyncio.TimeoutError):  # distinct classes on Python 3.10
@@ -161,15 +160,6 @@ class MicroBatcher:
         finally:
             if self._wake.get(key) is wake:
                 del self._wake[key]
-            self._publish_holding()
-
-    def _publish_holding(self) -> None:
-        """Tell the executor how many micro-batches wait here for a place (a word of the
-        request ring's header): it asks those that hold one to send it when an instance falls
-        free (a :class:`~infermux.ipc.wire.Wanted` frame, ``scheduling/demand.py``)."""
-        link = self._channel.link
-        if link is not None and not link.closed:
-            link.endpoint.outbox.publish_load(len(self._wake))
 
     def _release_leader(self, key: GroupKey) -> None:
         wake = self._wake.pop(key, None)
@@ -177,12 +167,9 @@ class MicroBatcher:
             wake.set_result(None)
 
     def released(self) -> None:
-        """An answer came from the executor (a place is free), or word that an instance fell
-        free (:class:`~infermux.ipc.wire.Wanted`): every holding batch leaves."""
-        if self._wake:
-            for key in list(self._wake):
-                self._release_leader(key)
-            self._publish_holding()
+        """An answer came from the executor (a place is free): every holding batch leaves."""
+        for key in list(self._wake):
+            self._release_leader(key)
 
     def _close_batch(self, key: GroupKey, batch: MicroBatch) -> None:
         if self._open.get(key) is batch:
@@ -298,7 +285,7 @@ class MicroBatcher:
         if link is not None:
             link.release(block)
 
-    def answered(self, link: Link, message: Reply) -> bool:
+    def answered(self, link: Link, message: ToFrontend) -> bool:
         """Take the executor's answer to a micro-batch (False: ``message`` is not one)."""
         batch = self._sent.pop(message.seq, None)
         if batch is None:
@@ -306,7 +293,7 @@ class MicroBatcher:
         self._answer(link, batch, message)
         return True
 
-    def _answer(self, link: Link, batch: MicroBatch, message: Reply) -> None:
+    def _answer(self, link: Link, batch: MicroBatch, message: ToFrontend) -> None:
         for block in batch.blocks:  # the executor no longer reads the inputs
             link.release(block)
         batch.blocks.clear()

@@ -24,7 +24,7 @@ from infermux.ipc.wire import (
     Cancel,
     Failure,
     Part,
-    Reply,
+    ToFrontend,
     encode,
     part_error,
     raise_failure,
@@ -130,7 +130,7 @@ class Streams:
         stream.blocks = blocks
         return stream
 
-    def answered(self, link: Link, message: Reply, free: Free) -> None:
+    def answered(self, link: Link, message: ToFrontend, free: Free) -> None:
         """A frame for one of these streams: a response, or the failure that ends it."""
         seq = message.seq
         stream = self._open[seq]

@@ -13,7 +13,6 @@ from infermux.errors import InfermuxError, InternalError, InvalidArgumentError, 
 from infermux.model_config import DynamicBatchingConfig
 from infermux.observability.statistics import ModelStatistics
 from infermux.scheduling import Completion, DynamicBatcher
-from infermux.scheduling.demand import DEMAND
 from infermux.types import Tensor
 
 
@@ -398,32 +397,3 @@ def test_waiting_out_a_sub_millisecond_queue_delay_does_not_spin_the_loop() -> N
         uvloop.run(main())
     # Per request: one look (not due: arm the timer), one when it fires (due). A spare each.
     assert looks <= 5 * 3, looks
-
-
-async def test_an_instance_falling_free_without_a_full_batch_queued_is_told() -> None:
-    # Front ends hold micro-batches back while the executor is busy; a free instance that
-    # cannot fill a batch from its queue asks for them (scheduling/demand.py).
-    instance = Recorder()
-    instance.gate.clear()
-    batcher = batcher_of([instance], 4)
-    queued_when_told: list[int] = []
-
-    def told() -> None:
-        queued_when_told.append(batcher.queued)
-
-    DEMAND.listen(told)
-    try:
-        first = asyncio.ensure_future(batcher.submit(request(0)))
-        await asyncio.sleep(0.05)
-        rest = [asyncio.ensure_future(batcher.submit(request(i))) for i in range(1, 7)]
-        await asyncio.sleep(0.05)
-        instance.gate.set()
-        await asyncio.gather(first, *rest)
-        await asyncio.sleep(0)  # the last worker's turn after its batch
-    finally:
-        DEMAND.ignore(told)
-    assert instance.batches == [[0], [1, 2, 3, 4], [5, 6]]
-    # After [0] six rows were queued (a full batch: nobody is asked); after [1, 2, 3, 4] two,
-    # after [5, 6] none.
-    assert queued_when_told == [2, 0]
-    await batcher.close()
