@@ -18,6 +18,9 @@ changes nothing.
   the executor's loop, the one serial stage, waits for a core at c=256.
 - ``INFERMUX_BENCH_FRONTEND_NICE=N``: every front end at nice ``N`` (positive needs no
   privilege: the executor ahead of the front ends, not of the client).
+- ``INFERMUX_BENCH_FRONTEND_SHM=0``: front ends pass system shared-memory references on and the
+  executor reads the regions (:meth:`infermux.transport.regions.RegionCopies.resolve` finds
+  nothing), for ``benchmarks/frontends/shm_read.py``.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ _HOLD_US = os.environ.get("INFERMUX_BENCH_HOLD_US", "")
 _PAD_STEP = os.environ.get("INFERMUX_BENCH_PAD_STEP", "")
 _NICE = os.environ.get("INFERMUX_BENCH_EXECUTOR_NICE", "")
 _FRONTEND_NICE = os.environ.get("INFERMUX_BENCH_FRONTEND_NICE", "")
+_FRONTEND_SHM = os.environ.get("INFERMUX_BENCH_FRONTEND_SHM", "")
 
 if _HOLD or _HOLD_US:
     from infermux.transport import grouping, micro_batcher
@@ -76,3 +80,11 @@ if _FRONTEND_NICE:
     from infermux.processes import frontend
 
     _niced(frontend, _FRONTEND_NICE)
+
+if _FRONTEND_SHM == "0":
+    from infermux.transport import regions
+
+    def _executor_reads(self: regions.RegionCopies, request: object) -> None:
+        return None
+
+    regions.RegionCopies.resolve = _executor_reads  # type: ignore[assignment]
