@@ -144,13 +144,12 @@ def run(variant: str, repo: Path, args: argparse.Namespace, work: Path) -> dict[
         # One window of --seconds (stability checks off: the server's own counts are the figure).
         client = subprocess.Popen([*pa, "-p", str(int(args.seconds * 1000)), "--max-trials", "1", "-s", "100"],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-        spies = []
         if args.py_spy:
             time.sleep(1.5)
-            spies = [(pid, subprocess.Popen(["py-spy", "record", "-p", str(pid), "--duration", str(max(1, int(args.seconds) - 3)),
-                                             "--rate", "250", "--nonblocking", "--format", "raw", "-o", str(work / f"spy-{variant}-{pid}.txt")],
-                                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)) for pid in fronts]  # fmt: skip
-            for _, spy in spies:
+            spies = [subprocess.Popen(["py-spy", "record", "-p", str(pid), "--duration", str(max(1, int(args.seconds) - 3)),
+                                       "--rate", "250", "--nonblocking", "--format", "raw", "-o", str(work / f"spy-{variant}-{pid}.txt")],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for pid in fronts]  # fmt: skip
+            for spy in spies:
                 spy.wait()
         client.wait()
         span = time.time() - started
