@@ -66,6 +66,9 @@ def render(doc: dict[str, Any]) -> list[str]:
         "tracker); a one-process infermux (--frontends 1) has no executor/front-end split.",
         f"- Wall time {doc.get('wall_s')} s; git {fmt((doc['git'].get('commit') or '')[:10])}.\n",
     ]
+    if doc.get("tuning"):  # a variant of benchmarks/gpu/tuning_hook: name it where it is read
+        settings = ", ".join(f"`{k}={v}`" for k, v in doc["tuning"].items())
+        lines.insert(-1, f"- Tuning hook (a benchmark aid, not server settings): {settings}.")
     for model, entry in doc["models"].items():
         lines += _model(model, entry, max(cfg["concurrency"]))
     lines += _checks(doc)

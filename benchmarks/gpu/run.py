@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import shlex
 import shutil
 import signal
@@ -60,6 +61,7 @@ SERVER_OVERHEAD_S = 15.0  # start-up and stop of one server (seen: 8-12 s on the
 RAW_S = 30.0  # export + raw ceiling (seen: 24 s for ResNet-50 on the H200 box)
 FILES_TGZ = "gpu_bench_files.tgz"  # perf_analyzer CSVs and logs, its input data, server logs
 PROFILE_SUMMARY = "pyspy_summary.txt"
+TUNING_PREFIX = "INFERMUX_BENCH_"  # benchmarks/gpu/tuning_hook's variables
 
 
 class Clock:
@@ -101,6 +103,9 @@ class Bench:
             "gpu": self.nvml.info(),
             "versions": versions(),
             "git": git_commit(),
+            # The tuning hook's variables (benchmarks/gpu/tuning_hook), so that a variant's
+            # result says which it was: the server has no such settings.
+            "tuning": {k: v for k, v in sorted(os.environ.items()) if k.startswith(TUNING_PREFIX)},
             "models": {},
         }
         if any(p in perfanalyzer.PROTOCOLS for p in args.protocols):

@@ -495,3 +495,24 @@ def test_the_gpu_work_of_the_batches_served_splits_feeding_from_batch_sizes() ->
     assert "needed the GPU **60%** of the window (NVML: 70%)" in line
     assert "this batch mix gives 16,667 items/s" in line  # 30,000 rows in 1.8 s
     assert tables.gpu_work(entry, raw, 64) == [cost]  # no point at that concurrency
+
+
+def test_the_report_names_the_tuning_hooks_variables_of_a_variant() -> None:
+    # A variants run (issue24_steps.sh) differs only by these: its result must say which it was.
+    import json
+
+    report = load("report")
+    result = Path(__file__).parents[2] / "benchmarks" / "results" / "gpu" / "issue24"
+    doc = json.loads(
+        (result / "exread-variants-c6ef981" / "var-head" / "gpu_bench.json").read_text()
+    )
+    assert not any("Tuning hook" in line for line in report.render(doc))
+    doc["tuning"] = {"INFERMUX_BENCH_FRONTEND_SHM": "0"}
+    lines = report.render(doc)
+    named = [line for line in lines if "Tuning hook" in line]
+    assert named == [
+        "- Tuning hook (a benchmark aid, not server settings): `INFERMUX_BENCH_FRONTEND_SHM=0`."
+    ]
+    assert lines.index(named[0]) < next(
+        i for i, line in enumerate(lines) if line.startswith("- Wall")
+    )
