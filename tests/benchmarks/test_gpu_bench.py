@@ -135,14 +135,29 @@ def test_server_runs_cross_front_end_counts_with_bucket_variants() -> None:
         graph_variants=run.graph_variants("default/1,2,4,8"),
     )
     assert run.server_runs(args) == [
-        ("infermux-f4-g0", "infermux", 4, ()),
-        ("infermux-f4-g1", "infermux", 4, (1, 2, 4, 8)),
-        ("infermux-f8-g0", "infermux", 8, ()),
-        ("infermux-f8-g1", "infermux", 8, (1, 2, 4, 8)),
-        ("litserve", "litserve", 1, None),
+        ("infermux-f4-g0", "infermux", 4, (), None),
+        ("infermux-f4-g1", "infermux", 4, (1, 2, 4, 8), None),
+        ("infermux-f8-g0", "infermux", 8, (), None),
+        ("infermux-f8-g1", "infermux", 8, (1, 2, 4, 8), None),
+        ("litserve", "litserve", 1, None, None),
     ]
     args.frontends, args.graph_variants = [12], []
-    assert run.server_runs(args)[0] == ("infermux", "infermux", 12, None)
+    assert run.server_runs(args)[0] == ("infermux", "infermux", 12, None, None)
+
+
+def test_busy_gpu_batches_runs_alternate_and_rewrite_only_their_parameter() -> None:
+    run, specs = load("run"), load("specs")
+    args = run.argparse.Namespace(
+        servers=["infermux"], frontends=[12], graph_variants=[], busy_gpu_batches=[0, 2, 0, 2]
+    )
+    assert [(r[0], r[4]) for r in run.server_runs(args)] == [
+        ("infermux-b0", 0), ("infermux-b2", 2), ("infermux-b0.2", 0), ("infermux-b2.2", 2),
+    ]  # fmt: skip
+    text = 'name: "m"\nparameters { key: "other" value { string_value: "x" } }\n'
+    once = specs.with_parameter(text, "busy_gpu_batches", 0)
+    assert specs.with_parameter(once, "busy_gpu_batches", 2) == (
+        text + 'parameters { key: "busy_gpu_batches" value { string_value: "2" } }\n'
+    )
 
 
 @contextlib.contextmanager
