@@ -531,3 +531,29 @@ def test_the_report_names_the_tuning_hooks_variables_of_a_variant() -> None:
     assert lines.index(named[0]) < next(
         i for i, line in enumerate(lines) if line.startswith("- Wall")
     )
+
+
+def test_ab_summary_leaves_the_first_pass_out_of_the_steady_figure() -> None:
+    summary = load("ab_summary")
+    passes = [{"items_per_s": 50.0}, {"items_per_s": 90.0}, {"items_per_s": 110.0}]
+    point = {
+        "protocol": "pa_grpc_shm",
+        "concurrency": 256,
+        "items_per_s": 83.4,
+        "pa_passes": passes,
+        "batch_sizes": {"2": 3, "63": 1, "64": 4, "128": 2},
+        "avg_batch": 40.0,
+    }
+    doc = {
+        "models": {
+            "m": {
+                "raw": {"ceiling_items_per_s": 200.0, "max_batch": 128},
+                "servers": {"infermux-b2": {"busy_gpu_batches": 2, "points": [point]}},
+            }
+        }
+    }
+    [row] = summary.rows(doc)
+    assert row[1:5] == ["infermux-b2", "2", "pa_grpc_shm c=256", "83 (0.417x)"]
+    assert row[5] == "100 (0.500x)"  # passes 2 and 3 only
+    assert row[8] == "40%"  # 2 and 63 rows are below half of 128
+    assert summary.steady(passes[:1]) is None

@@ -1,0 +1,80 @@
+"""One table per A/B run of ``run.py`` (server runs over one export, e.g. ``--busy-gpu-batches``):
+for each infermux run and point, perf_analyzer's reported figure and its steady state (the mean of
+the passes after the first, which is a ramp: ``docs/benchmarks.md``), both against the raw
+ceiling, the average batch, the share of executions below half ``max_batch_size``, executor CPU
+per request and NVML utilisation.
+
+    python3 benchmarks/gpu/ab_summary.py RUN_DIR [RUN_DIR ...]   (each holding gpu_bench.json)
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def steady(passes: list[dict[str, Any]]) -> float | None:
+    """The mean throughput of the passes after the first (None: fewer than two passes)."""
+    rest = [float(p["items_per_s"]) for p in passes[1:]]
+    return sum(rest) / len(rest) if rest else None
+
+
+def small_share(batch_sizes: dict[str, int], half: int) -> float | None:
+    """The fraction of executions with fewer than ``half`` rows."""
+    total = sum(batch_sizes.values())
+    if not total:
+        return None
+    return sum(n for rows, n in batch_sizes.items() if int(rows) < half) / total
+
+
+def rows(doc: dict[str, Any]) -> list[list[str]]:
+    table = []
+    for model, entry in doc["models"].items():
+        ceiling = float(entry["raw"]["ceiling_items_per_s"])
+        half = int(entry["raw"]["max_batch"]) // 2
+        for name, server in entry["servers"].items():
+            for point in server.get("points", []):
+                if not point.get("items_per_s"):
+                    continue
+                flat = steady(point.get("pa_passes") or [])
+                share = small_share(point.get("batch_sizes") or {}, half)
+                table.append(
+                    [
+                        model,
+                        name,
+                        str(server.get("busy_gpu_batches", "")),
+                        f"{point['protocol']} c={point['concurrency']}",
+                        f"{point['items_per_s']:,.0f} ({point['items_per_s'] / ceiling:.3f}x)",
+                        f"{flat:,.0f} ({flat / ceiling:.3f}x)" if flat else "-",
+                        str(len(point.get("pa_passes") or [])),
+                        str(point.get("avg_batch")),
+                        f"{share:.0%}" if share is not None else "-",
+                        str(point.get("executor_cpu_us_per_request")),
+                        str(point.get("gpu_util_mean")),
+                    ]
+                )
+    return table
+
+
+HEADER = [
+    "model", "run", "busy", "point", "reported", "passes 2+", "passes", "avg batch",
+    "below half", "executor us/req", "GPU %",
+]  # fmt: skip
+
+
+def markdown(table: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+    lines += ["| " + " | ".join(row) + " |" for row in table]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    for folder in sys.argv[1:]:
+        doc = json.loads((Path(folder) / "gpu_bench.json").read_text())
+        print(f"{folder} (ceiling from its raw step)\n\n{markdown(rows(doc))}\n")
+
+
+if __name__ == "__main__":
+    main()
