@@ -1,4 +1,4 @@
-"""One table per A/B run of ``run.py`` (server runs over one export, e.g. ``--busy-gpu-batches``):
+"""One table per A/B run of ``run.py`` (several server runs, or points repeated on one server):
 for each infermux run and point, perf_analyzer's reported figure and its steady state (the mean of
 the passes after the first, which is a ramp: ``docs/benchmarks.md``), both against the raw
 ceiling, the average batch, the share of executions below half ``max_batch_size``, executor CPU
@@ -44,7 +44,6 @@ def rows(doc: dict[str, Any]) -> list[list[str]]:
                     [
                         model,
                         name,
-                        str(server.get("busy_gpu_batches", "")),
                         f"{point['protocol']} c={point['concurrency']}",
                         f"{point['items_per_s']:,.0f} ({point['items_per_s'] / ceiling:.3f}x)",
                         f"{flat:,.0f} ({flat / ceiling:.3f}x)" if flat else "-",
@@ -59,7 +58,7 @@ def rows(doc: dict[str, Any]) -> list[list[str]]:
 
 
 HEADER = [
-    "model", "run", "busy", "point", "reported", "passes 2+", "passes", "avg batch",
+    "model", "run", "point", "reported", "passes 2+", "passes", "avg batch",
     "below half", "executor us/req", "GPU %",
 ]  # fmt: skip
 

@@ -51,7 +51,7 @@ from procs import get_json
 from readings import git_commit, machine, padding, versions
 from report import write_md
 from servers import PROTOCOLS, SERVERS, Server, start_infermux, start_peer
-from specs import MODELS, load_reference, model_spec, with_graphs, with_parameter
+from specs import MODELS, load_reference, model_spec, with_graphs
 from window import Window
 
 HERE = Path(__file__).resolve().parent
@@ -153,7 +153,7 @@ class Bench:
             f"{model}: ceiling {raw['ceiling_items_per_s']:,.0f} items/s, "
             f"batch-1 {raw['b1_latency_ms']:.3f} ms, export {raw['export_s']} s"
         )
-        for name, kind, frontends, buckets, busy in server_runs(args):
+        for name, kind, frontends, buckets in server_runs(args):
             protocols = [p for p in args.protocols if p in PROTOCOLS[kind]] or list(PROTOCOLS[kind])
             if not self.clock.allows(20 + args.warmup + args.window + POINT_OVERHEAD_S):
                 entry["servers"][name] = {"skipped": "deadline"}
@@ -163,12 +163,7 @@ class Bench:
             if buckets is not None:  # this run's CUDA graph buckets, in the shared export
                 config = self.work / "repos" / model / model / "config.pbtxt"
                 config.write_text(with_graphs(config.read_text(), buckets))
-            if busy is not None:  # this run's busy-GPU rule, in the shared export
-                config = self.work / "repos" / model / model / "config.pbtxt"
-                config.write_text(with_parameter(config.read_text(), "busy_gpu_batches", busy))
             entry["servers"][name] = self.run_server(model, name, protocols)
-            if busy is not None:
-                entry["servers"][name]["busy_gpu_batches"] = busy
             self.save(pack=True)
 
     def raw(self, model: str) -> dict[str, Any]:
@@ -563,32 +558,25 @@ def profile_protocol(args: argparse.Namespace, protocols: list[str]) -> str | No
     return next((p for p in usable if p in perfanalyzer.PROTOCOLS), usable[0] if usable else None)
 
 
-ServerRun = tuple[str, str, int, tuple[int, ...] | None, int | None]
+ServerRun = tuple[str, str, int, tuple[int, ...] | None]
 """(label, server kind, front-end processes, CUDA graph buckets: None = as exported)."""
 
 
 def server_runs(args: argparse.Namespace) -> list[ServerRun]:
-    """Every server run: infermux once per ``--frontends`` value, ``--graph-variants`` set and
-    ``--busy-gpu-batches`` value (labelled ``infermux-fN``, ``-gI``, ``-bN`` when several are
-    asked; a repeated value gets ``.2``, ``.3``, ... for an A/B/A/B order), each peer once."""
+    """Every server run: infermux once per ``--frontends`` value and ``--graph-variants`` set
+    (labelled ``infermux-fN``, ``-gI`` when several are asked), each peer once."""
     runs: list[ServerRun] = []
     variants: list[tuple[int, ...] | None] = list(args.graph_variants) or [None]
-    busies: list[int | None] = list(getattr(args, "busy_gpu_batches", [])) or [None]
     for kind in args.servers:
         if kind != "infermux":
-            runs.append((kind, kind, 1, None, None))
+            runs.append((kind, kind, 1, None))
             continue
         for n in args.frontends:
             for index, buckets in enumerate(variants):
-                seen: dict[int | None, int] = {}
-                for busy in busies:
-                    seen[busy] = seen.get(busy, 0) + 1
-                    label = "infermux"
-                    label += f"-f{n}" if len(args.frontends) > 1 else ""
-                    label += f"-g{index}" if len(variants) > 1 else ""
-                    label += f"-b{busy}" if len(busies) > 1 else ""
-                    label += f".{seen[busy]}" if seen[busy] > 1 else ""
-                    runs.append((label, kind, n, buckets, busy))
+                label = "infermux"
+                label += f"-f{n}" if len(args.frontends) > 1 else ""
+                label += f"-g{index}" if len(variants) > 1 else ""
+                runs.append((label, kind, n, buckets))
     return runs
 
 
@@ -645,7 +633,7 @@ def estimate_s(args: argparse.Namespace) -> tuple[float, float]:
     """Rough (usual, worst) wall time of the requested run, printed up front. perf_analyzer
     points take 3 to --pa-max-trials measurement intervals each."""
     usual = worst = 0.0
-    for _, kind, _, _, _ in server_runs(args):
+    for _, kind, _, _ in server_runs(args):
         protocols = [p for p in args.protocols if p in PROTOCOLS[kind]] or list(PROTOCOLS[kind])
         if args.device != "cuda":
             protocols = [p for p in protocols if p != "pa_grpc_cuda_shm"]
@@ -766,13 +754,6 @@ def parse_args() -> argparse.Namespace:
         default=[],
         help="infermux runs over one export, one per CUDA graph bucket set, '/'-separated: "
         "'default' or sizes, e.g. default/1,2,4,8,12,16 (labelled infermux-g0, -g1, ...)",
-    )
-    p.add_argument(
-        "--busy-gpu-batches",
-        type=ints,
-        default=[],
-        help="infermux runs over one export, one per value of the model's busy_gpu_batches "
-        "parameter (default: not written, the server's default), e.g. 0,2,0,2",
     )
     p.add_argument(
         "--batch-curve",

@@ -97,13 +97,6 @@ def with_graphs(config_text: str, batch_sizes: tuple[int, ...] = ()) -> str:
     return "".join(kept) + graphs_line(batch_sizes)
 
 
-def with_parameter(config_text: str, key: str, value: object) -> str:
-    """``config_text`` with its ``parameters`` entry ``key`` set to ``value`` (others kept)."""
-    prefix = f'parameters {{ key: "{key}" '
-    kept = [line for line in config_text.splitlines(keepends=True) if not line.startswith(prefix)]
-    return "".join(kept) + f'{prefix}value {{ string_value: "{value}" }} }}\n'
-
-
 def reference_inputs(spec: ModelSpec) -> dict[str, npt.NDArray[np.generic]]:
     """One batch-1 request, fixed seed: every client sends it, so every answer can be checked."""
     rng = np.random.default_rng(SEED)

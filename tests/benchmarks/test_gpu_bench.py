@@ -135,29 +135,14 @@ def test_server_runs_cross_front_end_counts_with_bucket_variants() -> None:
         graph_variants=run.graph_variants("default/1,2,4,8"),
     )
     assert run.server_runs(args) == [
-        ("infermux-f4-g0", "infermux", 4, (), None),
-        ("infermux-f4-g1", "infermux", 4, (1, 2, 4, 8), None),
-        ("infermux-f8-g0", "infermux", 8, (), None),
-        ("infermux-f8-g1", "infermux", 8, (1, 2, 4, 8), None),
-        ("litserve", "litserve", 1, None, None),
+        ("infermux-f4-g0", "infermux", 4, ()),
+        ("infermux-f4-g1", "infermux", 4, (1, 2, 4, 8)),
+        ("infermux-f8-g0", "infermux", 8, ()),
+        ("infermux-f8-g1", "infermux", 8, (1, 2, 4, 8)),
+        ("litserve", "litserve", 1, None),
     ]
     args.frontends, args.graph_variants = [12], []
-    assert run.server_runs(args)[0] == ("infermux", "infermux", 12, None, None)
-
-
-def test_busy_gpu_batches_runs_alternate_and_rewrite_only_their_parameter() -> None:
-    run, specs = load("run"), load("specs")
-    args = run.argparse.Namespace(
-        servers=["infermux"], frontends=[12], graph_variants=[], busy_gpu_batches=[0, 2, 0, 2]
-    )
-    assert [(r[0], r[4]) for r in run.server_runs(args)] == [
-        ("infermux-b0", 0), ("infermux-b2", 2), ("infermux-b0.2", 0), ("infermux-b2.2", 2),
-    ]  # fmt: skip
-    text = 'name: "m"\nparameters { key: "other" value { string_value: "x" } }\n'
-    once = specs.with_parameter(text, "busy_gpu_batches", 0)
-    assert specs.with_parameter(once, "busy_gpu_batches", 2) == (
-        text + 'parameters { key: "busy_gpu_batches" value { string_value: "2" } }\n'
-    )
+    assert run.server_runs(args)[0] == ("infermux", "infermux", 12, None)
 
 
 @contextlib.contextmanager
@@ -548,12 +533,12 @@ def test_ab_summary_leaves_the_first_pass_out_of_the_steady_figure() -> None:
         "models": {
             "m": {
                 "raw": {"ceiling_items_per_s": 200.0, "max_batch": 128},
-                "servers": {"infermux-b2": {"busy_gpu_batches": 2, "points": [point]}},
+                "servers": {"infermux-b2": {"points": [point]}},
             }
         }
     }
     [row] = summary.rows(doc)
-    assert row[1:5] == ["infermux-b2", "2", "pa_grpc_shm c=256", "83 (0.417x)"]
-    assert row[5] == "100 (0.500x)"  # passes 2 and 3 only
-    assert row[8] == "40%"  # 2 and 63 rows are below half of 128
+    assert row[1:4] == ["infermux-b2", "pa_grpc_shm c=256", "83 (0.417x)"]
+    assert row[4] == "100 (0.500x)"  # passes 2 and 3 only
+    assert row[7] == "40%"  # 2 and 63 rows are below half of 128
     assert summary.steady(passes[:1]) is None

@@ -202,12 +202,10 @@ def test_a_hanging_isolated_model_is_killed_and_restarted(server: ServerProcess)
 def test_a_bad_isolation_or_timeout_parameter_fails_the_load_naming_it(tmp_path: Path) -> None:
     write_model(tmp_path, "odd", extra=parameter("isolation", "vm"))
     write_model(tmp_path, "late", extra=parameter("execution_timeout_ms", "soon"))
-    write_model(tmp_path, "busy", extra=parameter("busy_gpu_batches", "-1"))
     write_model(tmp_path, "fine")
     with start_server("--model-repository", str(tmp_path), "--strict-readiness=false") as server:
         index = {m["name"]: m for m in client(server).get_model_repository_index()}
         assert "parameters.isolation must be one of thread, process" in index["odd"]["reason"]
         assert "parameters.execution_timeout_ms must be a whole number" in index["late"]["reason"]
-        assert "parameters.busy_gpu_batches must be a whole number" in index["busy"]["reason"]
         assert index["fine"]["state"] == "READY"
         assert server.stop() == 0

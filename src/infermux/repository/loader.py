@@ -96,8 +96,6 @@ async def build_version(
         execution_timeout_s=timeout_ms / 1000 if timeout_ms else None,
         reloads=makers,
         replaced=instances.__setitem__,  # the memory reading above sees replacements
-        devices=[p.device for p in mine],
-        busy_gpu_batches=busy_gpu_batches(config),
     )
     device_inputs = bool(getattr(backend, "accepts_device_inputs", False))
     return LoadedModel(
@@ -169,27 +167,6 @@ def execution_timeout(config: ModelConfig, default_ms: int) -> int:
         raise ModelLoadError(
             f"model '{config.name}': parameters.{EXECUTION_TIMEOUT_PARAMETER} must be a "
             f"whole number of milliseconds (0: no timeout), got {raw!r}"
-        )
-    return int(raw)
-
-
-BUSY_GPU_BATCHES_PARAMETER = "busy_gpu_batches"
-DEFAULT_BUSY_GPU_BATCHES = 2
-"""With this many of a model's batches running on one GPU, a batch below half ``max_batch_size``
-waits there (``scheduling/batcher.py``). 2: measured on the H100 with ResNet-50 at c=256
-(``docs/benchmarks.md``, *Small batches on a busy GPU*)."""
-
-
-def busy_gpu_batches(config: ModelConfig) -> int:
-    """The model's ``busy_gpu_batches`` parameter (0: off), else the default. Raises
-    ModelLoadError naming the parameter when it is not a whole number."""
-    raw = config.parameters.get(BUSY_GPU_BATCHES_PARAMETER)
-    if raw is None or raw == "":
-        return DEFAULT_BUSY_GPU_BATCHES
-    if not raw.strip().isdigit():
-        raise ModelLoadError(
-            f"model '{config.name}': parameters.{BUSY_GPU_BATCHES_PARAMETER} must be a whole "
-            f"number of batches (0: a small batch never waits for a busy GPU), got {raw!r}"
         )
     return int(raw)
 

@@ -7,14 +7,6 @@ batches from the model's :class:`RequestQueue`. A free worker dispatches at once
 ``max_queue_delay_microseconds`` is 0; otherwise when the queue holds ``max_batch_size`` rows,
 when it can form a preferred batch size, or when the oldest request has waited the delay. While
 instances compute, requests collect, so batches grow with load without a timer loop.
-
-Instances that share a GPU are not independent: once ``busy_gpu_batches`` of the model's batches
-run on one GPU, it is busy, and a batch of fewer than half ``max_batch_size`` rows waits for one
-of them to end (or for the rows to arrive) instead of launching beside them. On the H100/H200 a
-small batch launched onto a busy GPU costs nearly a full batch's fixed time (graph launch, the
-kernels' tails) while adding few rows; at c=256 a third of ResNet-50's batches were of 2-10 rows
-(``docs/benchmarks.md``, *Small batches on a busy GPU*). At low load fewer batches run than the
-limit and nothing waits; under load the wait is at most one batch's run.
 """
 
 from __future__ import annotations
@@ -53,8 +45,6 @@ class DynamicBatcher:
     ``execution_timeout_s`` bounds one ``execute`` (for a request to a decoupled model: each gap
     between its responses, ``scheduling/response_gaps.py``); ``reloads`` (one per instance) make
     the replacement of an instance that overran it, and ``replaced(index, instance)`` is told.
-    ``devices`` (one per instance: ``cpu`` or ``cuda:N``) and ``busy_gpu_batches`` (0: off) make
-    the busy-GPU rule of the module docstring.
     """
 
     def __init__(
@@ -70,8 +60,6 @@ class DynamicBatcher:
         execution_timeout_s: float | None = None,
         reloads: Sequence[Reload | None] = (),
         replaced: Callable[[int, BackendInstance], None] | None = None,
-        devices: Sequence[str] = (),
-        busy_gpu_batches: int = 0,
     ) -> None:
         if not instances:
             raise ValueError("a scheduler needs at least one instance")
@@ -84,14 +72,6 @@ class DynamicBatcher:
         self._delay_ns = batching.max_queue_delay_microseconds * 1000 if batching else 0
         self._preferred = [p for p in (batching.preferred_batch_sizes if batching else ()) if p]
         self._preserve = bool(batching and batching.preserve_ordering)
-        # Per instance, the GPU it shares with the model's other instances there (None: a CPU).
-        self._gpus: list[str | None] = [
-            d if busy_gpu_batches > 0 and d.startswith("cuda") else None
-            for d in (devices[i] if i < len(devices) else "cpu" for i in range(len(instances)))
-        ]
-        self._busy_limit = busy_gpu_batches
-        self._small_rows = self._max_rows // 2  # a batch below this waits on a busy GPU
-        self._running: dict[str, int] = {}  # batches running per GPU
         self._tail: asyncio.Future[None] | None = None  # last response gate (preserve_ordering)
         self._replaced = replaced
         self._wakeup = asyncio.Event()
@@ -133,8 +113,6 @@ class DynamicBatcher:
         execution_timeout_s: float | None = None,
         reloads: Sequence[Reload | None] = (),
         replaced: Callable[[int, BackendInstance], None] | None = None,
-        devices: Sequence[str] = (),
-        busy_gpu_batches: int = 0,
     ) -> DynamicBatcher:
         """The scheduler of a loaded model: batching as ``config`` says, and each request's raw
         result checked against the config's outputs and cast to their types
@@ -154,8 +132,6 @@ class DynamicBatcher:
             execution_timeout_s=execution_timeout_s,
             reloads=reloads,
             replaced=replaced,
-            devices=devices,
-            busy_gpu_batches=busy_gpu_batches,
         )
 
     @property
@@ -251,7 +227,7 @@ class DynamicBatcher:
                 pending.future.set_exception(RejectedError(TIMED_OUT))
         self._wakeup.set()  # DELAY requests moved: let idle workers look again
 
-    async def _next_batch(self, gpu: str | None) -> list[Pending]:
+    async def _next_batch(self) -> list[Pending]:
         queue = self._queue
         while True:
             if not queue:
@@ -261,11 +237,6 @@ class DynamicBatcher:
             oldest = queue.oldest_ns()
             due = self._delay_ns == 0 or time.perf_counter_ns() - oldest >= self._delay_ns
             target = self._target(queue.rows, due)
-            if target and gpu is not None and self._gpu_busy(gpu, queue.rows):
-                # Woken by the next arrival or by a batch ending on this GPU (_run).
-                self._wakeup.clear()
-                await self._wakeup.wait()
-                continue
             if target:
                 batch = queue.take(target, self._compatible)
                 if batch:
@@ -284,33 +255,22 @@ class DynamicBatcher:
         reachable = [p for p in self._preferred if p <= rows]
         return max(reachable) if reachable else 0
 
-    def _gpu_busy(self, gpu: str, rows: int) -> bool:
-        """A batch of ``rows`` (at most) must wait: it is small and ``gpu`` is busy."""
-        return rows < self._small_rows and self._running.get(gpu, 0) >= self._busy_limit
-
     async def _work(self, index: int) -> None:
         slot = self._slots[index]
         while True:
             # The batch lives only in _run: a worker waiting for its next batch must not keep
             # the last one's requests alive, nor what they hold (tensors, views of shared
             # memory, a CUDA region's mapping, which then cannot be closed on unregister).
-            await self._run(index, slot, await self._next_batch(self._gpus[index]))
+            await self._run(index, slot, await self._next_batch())
 
     async def _run(self, index: int, slot: InstanceSlot, batch: list[Pending]) -> None:
         done: asyncio.Future[None] = self._loop.create_future()
         for pending in batch:
             pending.batch_done = done
-        gpu = self._gpus[index]
-        if gpu is not None:
-            self._running[gpu] = self._running.get(gpu, 0) + 1
         try:
             await self._execute(index, slot, batch)
         finally:
             done.set_result(None)  # the batch's inputs are no longer read
-            if gpu is not None:
-                self._running[gpu] -= 1
-                if self._queue:
-                    self._wakeup.set()  # a small batch waiting for this GPU may go now
 
     async def _execute(self, index: int, slot: InstanceSlot, batch: list[Pending]) -> None:
         if self._queue:
