@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from report_tables import fmt, points
+
 
 def steady(passes: list[dict[str, Any]]) -> float | None:
     """The mean throughput of the passes after the first (None: fewer than two passes)."""
@@ -34,26 +36,25 @@ def rows(doc: dict[str, Any]) -> list[list[str]]:
     for model, entry in doc["models"].items():
         ceiling = float(entry["raw"]["ceiling_items_per_s"])
         half = int(entry["raw"]["max_batch"]) // 2
-        for name, server in entry["servers"].items():
-            for point in server.get("points", []):
-                if not point.get("items_per_s"):
-                    continue
-                flat = steady(point.get("pa_passes") or [])
-                share = small_share(point.get("batch_sizes") or {}, half)
-                table.append(
-                    [
-                        model,
-                        name,
-                        f"{point['protocol']} c={point['concurrency']}",
-                        f"{point['items_per_s']:,.0f} ({point['items_per_s'] / ceiling:.3f}x)",
-                        f"{flat:,.0f} ({flat / ceiling:.3f}x)" if flat else "-",
-                        str(len(point.get("pa_passes") or [])),
-                        str(point.get("avg_batch")),
-                        f"{share:.0%}" if share is not None else "-",
-                        str(point.get("executor_cpu_us_per_request")),
-                        str(point.get("gpu_util_mean")),
-                    ]
-                )
+        for name, point in points(entry):
+            if not point.get("items_per_s"):
+                continue
+            flat = steady(point.get("pa_passes") or [])
+            share = small_share(point.get("batch_sizes") or {}, half)
+            table.append(
+                [
+                    model,
+                    name,
+                    f"{point['protocol']} c={point['concurrency']}",
+                    f"{point['items_per_s']:,.0f} ({point['items_per_s'] / ceiling:.3f}x)",
+                    f"{flat:,.0f} ({flat / ceiling:.3f}x)" if flat else "-",
+                    str(len(point.get("pa_passes") or [])),
+                    str(point.get("avg_batch")),
+                    fmt(share, ".0%"),
+                    str(point.get("executor_cpu_us_per_request")),
+                    str(point.get("gpu_util_mean")),
+                ]
+            )
     return table
 
 

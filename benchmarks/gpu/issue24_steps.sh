@@ -54,6 +54,10 @@
 #       at c=256, delay 500, once per entry of $VARIANTS, "NAME:VAR=VALUE,VAR=VALUE" with the
 #       variables benchmarks/gpu/tuning_hook reads, or "NAME:@base" for the tree in ab_base/src;
 #       default $DEFAULT_VARIANTS below: the tree twice; give each candidate twice, ABCD ABCD, ~65 s a run)
+#   bash benchmarks/gpu/issue24_steps.sh repeat              (~6 min: ResNet-50 at c=256, delay 500,
+#       each protocol's point twice back to back on one server, at 10% stability: is perf_analyzer's
+#       ramping first pass the server warming up or each perf_analyzer run's start? REPEAT_PROTOCOLS
+#       (default gRPC + system shm, gRPC + CUDA shm, HTTP) and REPEAT_DEADLINE (400 s) narrow it)
 # Results land in $OUT/res.tgz (-> benchmarks/results/gpu/issue24/<step>-<commit>/).
 # shellcheck source=../device_setup.sh
 . "$(dirname "$0")/../device_setup.sh"
@@ -182,6 +186,11 @@ for STEP in "$@"; do
                 fi
                 pack  # each variant's results, in case a later one outlives the call
               done ;;
+    repeat) timeout $(( ${REPEAT_DEADLINE:-400} + 20 )) $RUN --out "$R/repeat" --models resnet50 \
+              --servers infermux --concurrency 256,256 --queue-delay-us 500 --raw-seconds 1 \
+              --protocols ${REPEAT_PROTOCOLS:-pa_grpc_shm,pa_grpc_cuda_shm,pa_http} \
+              --pa-stability 10 --pa-max-trials 8 --deadline ${REPEAT_DEADLINE:-400} \
+              >"$R/repeat.log" 2>&1 ;;
     *) echo "unknown step $STEP" >&2 ;;
   esac
   # After every step: what is done comes back even if a later step outlives the call. The
