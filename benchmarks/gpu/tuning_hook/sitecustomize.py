@@ -21,6 +21,14 @@ changes nothing.
 - ``INFERMUX_BENCH_FRONTEND_SHM=0``: front ends pass system shared-memory references on and the
   executor reads the regions (:meth:`infermux.transport.regions.RegionCopies.resolve` finds
   nothing), for ``benchmarks/frontends/shm_read.py``.
+- ``INFERMUX_BENCH_URGENT=big:N`` or ``small:N``: a graph-launched batch of at least ``N`` rows
+  (``big``) or of fewer (``small``) runs on a second stream of its instance at the device's
+  most urgent CUDA priority; the others on the instance's own stream (normal, the least urgent
+  on today's GPUs). Asks whether the block scheduler's priority by batch size changes the batch
+  mix at c=256: every batch holds its instance 8-13 ms because four graphs interleave kernel
+  by kernel (``docs/benchmarks.md``, *The GPU's own trace*). An instance runs one batch at a
+  time and the next launches only after the host saw the last complete, so switching streams
+  between batches keeps their order.
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ _PAD_STEP = os.environ.get("INFERMUX_BENCH_PAD_STEP", "")
 _NICE = os.environ.get("INFERMUX_BENCH_EXECUTOR_NICE", "")
 _FRONTEND_NICE = os.environ.get("INFERMUX_BENCH_FRONTEND_NICE", "")
 _FRONTEND_SHM = os.environ.get("INFERMUX_BENCH_FRONTEND_SHM", "")
+_URGENT = os.environ.get("INFERMUX_BENCH_URGENT", "")
 
 if _HOLD or _HOLD_US:
     from infermux.transport import grouping, micro_batcher
@@ -88,3 +97,40 @@ if _FRONTEND_SHM == "0":
         return None
 
     regions.RegionCopies.resolve = _executor_reads  # type: ignore[assignment]
+
+
+if _URGENT:
+    from infermux.backends import torch_gpu
+
+    _side, _, _rows = _URGENT.partition(":")
+    if _side not in ("big", "small") or not _rows.isdigit():
+        raise SystemExit(f"INFERMUX_BENCH_URGENT must be big:N or small:N, got {_URGENT!r}")
+    _threshold = int(_rows)
+    _launch = torch_gpu.GpuPath.launch
+    _urgent: dict[int, object] = {}  # id(GpuPath) -> its urgent stream
+
+    def _by_size(
+        self: torch_gpu.GpuPath, graph: object, requests: list[object], done: object
+    ) -> object:
+        rows = sum(getattr(r, "batch_size", 1) for r in requests)
+        if (rows >= _threshold) != (_side == "big"):
+            return _launch(self, graph, requests, done)  # type: ignore[arg-type]
+        import torch
+
+        own = self.stream
+        urgent = _urgent.get(id(self))
+        if urgent is None:
+            cuda: object = torch.cuda
+            _least, greatest = cuda.Stream.priority_range()  # type: ignore[attr-defined]
+            with torch.cuda.device(own.device):
+                urgent = cuda.Stream(device=own.device, priority=greatest)  # type: ignore[attr-defined]
+            urgent.wait_stream(own.stream)  # type: ignore[attr-defined]
+            _urgent[id(self)] = urgent
+        normal = own.stream
+        own.stream = urgent  # type: ignore[assignment]
+        try:
+            return _launch(self, graph, requests, done)  # type: ignore[arg-type]
+        finally:
+            own.stream = normal
+
+    torch_gpu.GpuPath.launch = _by_size  # type: ignore[assignment]
