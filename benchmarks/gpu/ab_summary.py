@@ -2,7 +2,9 @@
 for each infermux run and point, perf_analyzer's reported figure and its steady state (the mean of
 the passes after the first, which is a ramp: ``docs/benchmarks.md``), both against the raw
 ceiling, the average batch, the share of executions below half ``max_batch_size``, executor CPU
-per request and NVML utilisation.
+per request and NVML utilisation, and where a closed loop's requests are (Little's law on
+perf_analyzer's server-side split): the time and the number of requests outside the executor
+(client, gRPC, the front ends and their hold, the ring), which is what the batches lack.
 
     python3 benchmarks/gpu/ab_summary.py RUN_DIR [RUN_DIR ...]   (each holding gpu_bench.json)
 """
@@ -31,6 +33,19 @@ def small_share(batch_sizes: dict[str, int], half: int) -> float | None:
     return sum(n for rows, n in batch_sizes.items() if int(rows) < half) / total
 
 
+def outside(point: dict[str, Any]) -> str:
+    """perf_analyzer's time outside the executor (client send/recv and "network + server
+    send/recv": everything before the batcher's queue and after the answer) in ms, and by
+    Little's law the requests there on average: throughput x time."""
+    parts = [
+        point.get(k) for k in ("pa_client_send_us", "pa_network_server_us", "pa_client_recv_us")
+    ]
+    if parts[1] is None:
+        return "-"
+    us = sum(float(p or 0) for p in parts)
+    return f"{us / 1000:.1f} ({float(point['items_per_s']) * us / 1e6:.0f})"
+
+
 def rows(doc: dict[str, Any]) -> list[list[str]]:
     table = []
     for model, entry in doc["models"].items():
@@ -53,6 +68,7 @@ def rows(doc: dict[str, Any]) -> list[list[str]]:
                     fmt(share, ".0%"),
                     str(point.get("executor_cpu_us_per_request")),
                     str(point.get("gpu_util_mean")),
+                    outside(point),
                 ]
             )
     return table
@@ -60,7 +76,7 @@ def rows(doc: dict[str, Any]) -> list[list[str]]:
 
 HEADER = [
     "model", "run", "point", "reported", "passes 2+", "passes", "avg batch",
-    "below half", "executor us/req", "GPU %",
+    "below half", "executor us/req", "GPU %", "outside ms (requests)",
 ]  # fmt: skip
 
 

@@ -528,6 +528,9 @@ def test_ab_summary_leaves_the_first_pass_out_of_the_steady_figure() -> None:
         "pa_passes": passes,
         "batch_sizes": {"2": 3, "63": 1, "64": 4, "128": 2},
         "avg_batch": 40.0,
+        "pa_client_send_us": 6.0,
+        "pa_network_server_us": 9279.0,
+        "pa_client_recv_us": 1.0,
     }
     doc = {
         "models": {
@@ -541,4 +544,6 @@ def test_ab_summary_leaves_the_first_pass_out_of_the_steady_figure() -> None:
     assert row[1:4] == ["infermux-b2", "pa_grpc_shm c=256", "83 (0.417x)"]
     assert row[4] == "100 (0.500x)"  # passes 2 and 3 only
     assert row[7] == "40%"  # 2 and 63 rows are below half of 128
+    assert row[10] == "9.3 (1)"  # 9.286 ms x 83.4 requests/s: Little's law
+    assert summary.outside({"items_per_s": 1.0}) == "-"
     assert summary.steady(passes[:1]) is None
