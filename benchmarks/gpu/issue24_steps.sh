@@ -186,6 +186,8 @@ for STEP in "$@"; do
                   env ${SETS//,/ } PYTHONPATH=$PWD/benchmarks/gpu/tuning_hook:$PYTHONPATH \
                     timeout 125 $RUN --out "$R/var-$NAME" $P >"$R/var-$NAME.log" 2>&1
                 fi
+                # INFERMUX_BENCH_FE_TIMING=/tmp/fe-timing: the front ends' timings of this run.
+                [ -d /tmp/fe-timing ] && mv /tmp/fe-timing "$R/var-$NAME/fe-timing"
                 pack  # each variant's results, in case a later one outlives the call
               done ;;
     repeat) timeout $(( ${REPEAT_DEADLINE:-400} + 20 )) $RUN --out "$R/repeat" --models resnet50 \

@@ -29,6 +29,13 @@ changes nothing.
   by kernel (``docs/benchmarks.md``, *The GPU's own trace*). An instance runs one batch at a
   time and the next launches only after the host saw the last complete, so switching streams
   between batches keeps their order.
+- ``INFERMUX_BENCH_FE_TIMING=DIR``: every front end times, per gRPC ``ModelInfer``, the handler
+  (decode, the executor, the response's encoding), its call to the executor
+  (``RemoteDataPlane.infer``: the micro-batch hold, the hops, the executor, the answer's
+  wake-up) and the micro-batch leaders' hold (``MicroBatcher._gather``), and writes the sums to
+  ``DIR/fe-<pid>.json`` every 2,000 calls. Set beside perf_analyzer's split, it says where a
+  request's time outside the executor goes: in grpc.aio and the client (before the handler
+  starts and after it returns), in the handler's own work, or in the hold and the hops.
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ _NICE = os.environ.get("INFERMUX_BENCH_EXECUTOR_NICE", "")
 _FRONTEND_NICE = os.environ.get("INFERMUX_BENCH_FRONTEND_NICE", "")
 _FRONTEND_SHM = os.environ.get("INFERMUX_BENCH_FRONTEND_SHM", "")
 _URGENT = os.environ.get("INFERMUX_BENCH_URGENT", "")
+_FE_TIMING = os.environ.get("INFERMUX_BENCH_FE_TIMING", "")
 
 if _HOLD or _HOLD_US:
     from infermux.transport import grouping, micro_batcher
@@ -134,3 +142,46 @@ if _URGENT:
             own.stream = normal
 
     torch_gpu.GpuPath.launch = _by_size  # type: ignore[assignment]
+
+
+if _FE_TIMING:
+    import functools
+    import json
+    import time
+
+    from infermux.frontends.grpc import servicer
+    from infermux.transport import micro_batcher, remote_plane
+
+    _sums = {"calls": 0, "handler_ns": 0, "executor_ns": 0, "holds": 0, "hold_ns": 0}
+
+    def _flush() -> None:
+        os.makedirs(_FE_TIMING, exist_ok=True)
+        path = os.path.join(_FE_TIMING, f"fe-{os.getpid()}.json")
+        with open(path + ".tmp", "w") as out:
+            json.dump(_sums, out)
+        os.replace(path + ".tmp", path)
+
+    def _timed(method: object, key: str, count: str = "") -> object:
+        @functools.wraps(method)  # type: ignore[arg-type]
+        async def timed(*args: object, **kwargs: object) -> object:
+            start = time.perf_counter_ns()
+            try:
+                return await method(*args, **kwargs)  # type: ignore[operator]
+            finally:
+                _sums[key] += time.perf_counter_ns() - start
+                if count:
+                    _sums[count] += 1
+                    if count == "calls" and _sums["calls"] % 2000 == 0:
+                        _flush()
+
+        return timed
+
+    servicer.InferenceServicer.ModelInfer = _timed(  # type: ignore[method-assign]
+        servicer.InferenceServicer.ModelInfer, "handler_ns", "calls"
+    )
+    remote_plane.RemoteDataPlane.infer = _timed(  # type: ignore[method-assign]
+        remote_plane.RemoteDataPlane.infer, "executor_ns"
+    )
+    micro_batcher.MicroBatcher._gather = _timed(  # type: ignore[method-assign]
+        micro_batcher.MicroBatcher._gather, "hold_ns", "holds"
+    )
