@@ -86,10 +86,38 @@ def markdown(table: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+def frontend_timing(folder: Path) -> str | None:
+    """The front ends' own timings of a run (``fe-timing/fe-<pid>.json``, written by the tuning
+    hook's ``INFERMUX_BENCH_FE_TIMING``), summed over the front ends: µs per gRPC call in the
+    handler, in its call to the executor (hold, hops, executor, the answer's wake-up) and per
+    held micro-batch in the hold. None when the run has none."""
+    files = sorted((folder / "fe-timing").glob("fe-*.json"))
+    if not files:
+        return None
+    total: dict[str, int] = {}
+    for path in files:
+        for key, value in json.loads(path.read_text()).items():
+            total[key] = total.get(key, 0) + int(value)
+    calls, holds = total.get("calls", 0), total.get("holds", 0)
+    if not calls:
+        return None
+    handler = total["handler_ns"] / calls / 1000
+    executor = total["executor_ns"] / calls / 1000
+    hold = total["hold_ns"] / holds / 1000 if holds else 0.0
+    return (
+        f"front ends ({len(files)}, {calls:,} calls): handler {handler:,.0f} µs per call, "
+        f"of which the executor call {executor:,.0f} and the handler's own work "
+        f"{handler - executor:,.0f}; {holds:,} micro-batches held {hold:,.0f} µs each"
+    )
+
+
 def main() -> None:
     for folder in sys.argv[1:]:
         doc = json.loads((Path(folder) / "gpu_bench.json").read_text())
         print(f"{folder} (ceiling from its raw step)\n\n{markdown(rows(doc))}\n")
+        timing = frontend_timing(Path(folder))
+        if timing:
+            print(timing + "\n")
 
 
 if __name__ == "__main__":

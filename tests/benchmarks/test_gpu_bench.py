@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -515,6 +516,22 @@ def test_the_report_names_the_tuning_hooks_variables_of_a_variant() -> None:
     ]
     assert lines.index(named[0]) < next(
         i for i, line in enumerate(lines) if line.startswith("- Wall")
+    )
+
+
+def test_ab_summary_sums_the_front_ends_timings(tmp_path: Path) -> None:
+    summary = load("ab_summary")
+    assert summary.frontend_timing(tmp_path) is None
+    timing = tmp_path / "fe-timing"
+    timing.mkdir()
+    for pid, calls in ((1, 1000), (2, 3000)):
+        sums = {"calls": calls, "handler_ns": calls * 900_000, "executor_ns": calls * 600_000}
+        sums |= {"holds": calls // 4, "hold_ns": calls // 4 * 1_500_000}
+        (timing / f"fe-{pid}.json").write_text(json.dumps(sums))
+    line = summary.frontend_timing(tmp_path)
+    assert line == (
+        "front ends (2, 4,000 calls): handler 900 µs per call, of which the executor call 600 "
+        "and the handler's own work 300; 1,000 micro-batches held 1,500 µs each"
     )
 
 
