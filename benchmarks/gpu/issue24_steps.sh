@@ -67,11 +67,12 @@
 RUN="python3 benchmarks/gpu/run.py --frontends 12 --batch-curve 16,24,32,40,48,64"
 SWEEP="--protocols pa_grpc_shm,pa_grpc_cuda_shm,pa_grpc,pa_http --concurrency 1,16,64,256
        --queue-delay-us 500 --pa-http-interval-ms 2000 --profile"
-# ResNet-50's saturated point as the probes run it (gRPC + system shm, c=256, delay 500). At 10%
-# stability perf_analyzer's first, ramping pass is not among the three it reports
+# At 10% stability perf_analyzer's first, ramping pass at c=256 is not among the three it reports
 # (docs/benchmarks.md, *perf_analyzer's first pass at c=256*).
+PA_STEADY="--pa-stability 10 --pa-max-trials 8"
+# ResNet-50's saturated point as the probes run it (gRPC + system shm, c=256, delay 500).
 C256="--servers infermux --protocols pa_grpc_shm --concurrency 256 --queue-delay-us 500
-      --raw-seconds 1 --pa-stability 10 --pa-max-trials 8"
+      --raw-seconds 1 $PA_STEADY"
 # The variants step's default: the tree as it is, twice (the host's repeatability within a call).
 # Candidates come in $VARIANTS. Decided so far: graph buckets every 2 rows (adopted), a hold with 4
 # in flight, the executor at nice -10, the front ends at nice +5, a Wanted frame for held
@@ -193,7 +194,7 @@ for STEP in "$@"; do
     repeat) timeout $(( ${REPEAT_DEADLINE:-400} + 20 )) $RUN --out "$R/repeat" --models resnet50 \
               --servers infermux --concurrency 256,256 --queue-delay-us 500 --raw-seconds 1 \
               --protocols ${REPEAT_PROTOCOLS:-pa_grpc_shm,pa_grpc_cuda_shm,pa_http} \
-              --pa-stability 10 --pa-max-trials 8 --deadline ${REPEAT_DEADLINE:-400} \
+              $PA_STEADY --deadline ${REPEAT_DEADLINE:-400} \
               >"$R/repeat.log" 2>&1 ;;
     *) echo "unknown step $STEP" >&2 ;;
   esac

@@ -115,7 +115,6 @@ if _URGENT:
         raise SystemExit(f"INFERMUX_BENCH_URGENT must be big:N or small:N, got {_URGENT!r}")
     _threshold = int(_rows)
     _launch = torch_gpu.GpuPath.launch
-    _urgent: dict[int, object] = {}  # id(GpuPath) -> its urgent stream
 
     def _by_size(
         self: torch_gpu.GpuPath, graph: object, requests: list[object], done: object
@@ -126,14 +125,16 @@ if _URGENT:
         import torch
 
         own = self.stream
-        urgent = _urgent.get(id(self))
+        # Kept on the instance's own stream object: it lives and dies with the instance (a map
+        # by id() could hand a replaced instance's stream to a new one).
+        urgent = getattr(own, "bench_urgent", None)
         if urgent is None:
             cuda: object = torch.cuda
             _least, greatest = cuda.Stream.priority_range()  # type: ignore[attr-defined]
             with torch.cuda.device(own.device):
                 urgent = cuda.Stream(device=own.device, priority=greatest)  # type: ignore[attr-defined]
             urgent.wait_stream(own.stream)  # type: ignore[attr-defined]
-            _urgent[id(self)] = urgent
+            own.bench_urgent = urgent  # type: ignore[attr-defined]
         normal = own.stream
         own.stream = urgent  # type: ignore[assignment]
         try:
