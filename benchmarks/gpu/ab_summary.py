@@ -92,22 +92,51 @@ def frontend_timing(folder: Path) -> str | None:
     handler, in its call to the executor (hold, hops, executor, the answer's wake-up) and per
     held micro-batch in the hold. None when the run has none."""
     files = sorted((folder / "fe-timing").glob("fe-*.json"))
-    if not files:
-        return None
-    total: dict[str, int] = {}
-    for path in files:
-        for key, value in json.loads(path.read_text()).items():
-            total[key] = total.get(key, 0) + int(value)
+    total = _summed(files)
     calls, holds = total.get("calls", 0), total.get("holds", 0)
     if not calls:
         return None
     handler = total["handler_ns"] / calls / 1000
     executor = total["executor_ns"] / calls / 1000
     hold = total["hold_ns"] / holds / 1000 if holds else 0.0
-    return (
+    line = (
         f"front ends ({len(files)}, {calls:,} calls): handler {handler:,.0f} µs per call, "
         f"of which the executor call {executor:,.0f} and the handler's own work "
         f"{handler - executor:,.0f}; {holds:,} micro-batches held {hold:,.0f} µs each"
+    )
+    if total.get("lag_probes"):
+        line += f"{_lag(total)} in the front ends' loops"
+    inside = _summed(sorted((folder / "fe-timing").glob("ex-*.json")))
+    requests = inside.get("requests", 0)
+    if requests:
+        resident = inside["residence_ns"] / requests / 1000
+        line += (
+            f"\nexecutor ({inside['frames']:,} frames, {requests:,} requests): "
+            f"{resident:,.0f} µs per request from its frame's dispatch to its answer's send "
+            f"(waiting to start {inside['start_wait_ns'] / requests / 1000:,.0f}); the executor "
+            f"call's rest, ring hops and the answers' wake-ups with the hold: "
+            f"{executor - resident:,.0f} µs"
+        )
+        if inside.get("lag_probes"):
+            line += f"{_lag(inside)} in the executor's loop"
+    return line
+
+
+def _summed(files: list[Path]) -> dict[str, int]:
+    """The timing files' counters added up (a maximum's key kept as the largest)."""
+    total: dict[str, int] = {}
+    for path in files:
+        for key, value in json.loads(path.read_text()).items():
+            merge = max if key.endswith("_max_ns") else int.__add__
+            total[key] = merge(total.get(key, 0), int(value))
+    return total
+
+
+def _lag(sums: dict[str, int]) -> str:
+    probes = sums["lag_probes"]
+    return (
+        f"; a callback waited {sums['lag_ns'] / probes / 1000:,.0f} µs on average "
+        f"(at most {sums['lag_max_ns'] / 1000:,.0f}, {probes:,} probes)"
     )
 
 

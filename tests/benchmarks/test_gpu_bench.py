@@ -535,6 +535,29 @@ def test_ab_summary_sums_the_front_ends_timings(tmp_path: Path) -> None:
     )
 
 
+def test_ab_summary_sets_the_executors_residence_beside_the_front_ends(tmp_path: Path) -> None:
+    summary = load("ab_summary")
+    timing = tmp_path / "fe-timing"
+    timing.mkdir()
+    front = {"calls": 100, "handler_ns": 100 * 900_000, "executor_ns": 100 * 600_000}
+    front |= {"holds": 0, "hold_ns": 0, "lag_probes": 4, "lag_ns": 400_000, "lag_max_ns": 250_000}
+    (timing / "fe-7.json").write_text(json.dumps(front))
+    inside = {"frames": 25, "requests": 100, "start_wait_ns": 100 * 20_000}
+    inside |= {"residence_ns": 100 * 450_000, "lag_probes": 2, "lag_ns": 60_000}
+    inside |= {"lag_max_ns": 40_000}
+    (timing / "ex-9.json").write_text(json.dumps(inside))
+    lines = summary.frontend_timing(tmp_path).splitlines()
+    assert lines[0].endswith(
+        "; a callback waited 100 µs on average (at most 250, 4 probes) in the front ends' loops"
+    )
+    assert lines[1] == (
+        "executor (25 frames, 100 requests): 450 µs per request from its frame's dispatch to its "
+        "answer's send (waiting to start 20); the executor call's rest, ring hops and the "
+        "answers' wake-ups with the hold: 150 µs; a callback waited 30 µs on average (at most "
+        "40, 2 probes) in the executor's loop"
+    )
+
+
 def test_ab_summary_leaves_the_first_pass_out_of_the_steady_figure() -> None:
     summary = load("ab_summary")
     passes = [{"items_per_s": 50.0}, {"items_per_s": 90.0}, {"items_per_s": 110.0}]

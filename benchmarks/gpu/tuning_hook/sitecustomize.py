@@ -35,7 +35,12 @@ changes nothing.
   wake-up) and the micro-batch leaders' hold (``MicroBatcher._gather``), and writes the sums to
   ``DIR/fe-<pid>.json`` every 2,000 calls. Set beside perf_analyzer's split, it says where a
   request's time outside the executor goes: in grpc.aio and the client (before the handler
-  starts and after it returns), in the handler's own work, or in the hold and the hops.
+  starts and after it returns), in the handler's own work, or in the hold and the hops. The
+  executor writes ``DIR/ex-<pid>.json`` beside them: per request, the time from its frame's
+  dispatch (read from the ring) to its answer's send (``ChannelServer._infer``), and how long
+  the dispatched task waited to start. Every process also probes its event loop every 5 ms
+  (a callback's wait for the loop's next iteration: how long ready work waits there), so the
+  hops' time can be set against the loops' iteration lengths.
 """
 
 from __future__ import annotations
@@ -154,10 +159,34 @@ if _FE_TIMING:
     from infermux.transport import micro_batcher, remote_plane
 
     _sums = {"calls": 0, "handler_ns": 0, "executor_ns": 0, "holds": 0, "hold_ns": 0}
+    _sums |= {"lag_probes": 0, "lag_ns": 0, "lag_max_ns": 0}
+    _role = ["fe"]  # "ex" once this process answers frames from the ring (the executor)
+    _probing: list[object] = []
+
+    def _probe_loop() -> None:
+        """Every 5 ms, how long a callback waits for the running loop's next iteration."""
+        if _probing:
+            return
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+        _probing.append(loop)
+
+        def tock(start: int) -> None:
+            lag = time.perf_counter_ns() - start
+            _sums["lag_probes"] += 1
+            _sums["lag_ns"] += lag
+            _sums["lag_max_ns"] = max(_sums["lag_max_ns"], lag)
+            loop.call_later(0.005, tick)
+
+        def tick() -> None:
+            loop.call_soon(tock, time.perf_counter_ns())
+
+        loop.call_soon(tick)
 
     def _flush() -> None:
         os.makedirs(_FE_TIMING, exist_ok=True)
-        path = os.path.join(_FE_TIMING, f"fe-{os.getpid()}.json")
+        path = os.path.join(_FE_TIMING, f"{_role[0]}-{os.getpid()}.json")
         with open(path + ".tmp", "w") as out:
             json.dump(_sums, out)
         os.replace(path + ".tmp", path)
@@ -165,6 +194,7 @@ if _FE_TIMING:
     def _timed(method: object, key: str, count: str = "") -> object:
         @functools.wraps(method)  # type: ignore[arg-type]
         async def timed(*args: object, **kwargs: object) -> object:
+            _probe_loop()
             start = time.perf_counter_ns()
             try:
                 return await method(*args, **kwargs)  # type: ignore[operator]
@@ -186,3 +216,32 @@ if _FE_TIMING:
     micro_batcher.MicroBatcher._gather = _timed(  # type: ignore[method-assign]
         micro_batcher.MicroBatcher._gather, "hold_ns", "holds"
     )
+
+    from infermux.transport import channel_server
+
+    _sums |= {"frames": 0, "requests": 0, "start_wait_ns": 0, "residence_ns": 0}
+    _answer = channel_server.ChannelServer._infer
+
+    def _resident(self: object, client: object, message: object) -> object:
+        """``_infer``'s coroutine, made when the frame is dispatched: times the request from
+        there (the task's wait to start, then the executor's whole work) to its answer's send."""
+        dispatched = time.perf_counter_ns()
+        rows = len(getattr(message, "rows", ())) or 1
+
+        async def run() -> None:
+            _role[0] = "ex"
+            _probe_loop()
+            started = time.perf_counter_ns()
+            try:
+                await _answer(self, client, message)  # type: ignore[arg-type]
+            finally:
+                _sums["frames"] += 1
+                _sums["requests"] += rows
+                _sums["start_wait_ns"] += (started - dispatched) * rows
+                _sums["residence_ns"] += (time.perf_counter_ns() - dispatched) * rows
+                if _sums["frames"] % 2000 == 0:
+                    _flush()
+
+        return run()
+
+    channel_server.ChannelServer._infer = _resident  # type: ignore[assignment,method-assign]
