@@ -160,7 +160,6 @@ if _FE_TIMING:
 
     _sums = {"calls": 0, "handler_ns": 0, "executor_ns": 0, "holds": 0, "hold_ns": 0}
     _sums |= {"lag_probes": 0, "lag_ns": 0, "lag_max_ns": 0}
-    _role = ["fe"]  # "ex" once this process answers frames from the ring (the executor)
     _probing: list[object] = []
 
     def _probe_loop() -> None:
@@ -186,7 +185,8 @@ if _FE_TIMING:
 
     def _flush() -> None:
         os.makedirs(_FE_TIMING, exist_ok=True)
-        path = os.path.join(_FE_TIMING, f"{_role[0]}-{os.getpid()}.json")
+        role = "ex" if _sums["frames"] else "fe"  # the executor answers the rings' frames
+        path = os.path.join(_FE_TIMING, f"{role}-{os.getpid()}.json")
         with open(path + ".tmp", "w") as out:
             json.dump(_sums, out)
         os.replace(path + ".tmp", path)
@@ -229,7 +229,6 @@ if _FE_TIMING:
         rows = len(getattr(message, "rows", ())) or 1
 
         async def run() -> None:
-            _role[0] = "ex"
             _probe_loop()
             started = time.perf_counter_ns()
             try:
