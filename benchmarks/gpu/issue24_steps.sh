@@ -24,6 +24,8 @@
 #   bash benchmarks/gpu/issue24_steps.sh shm-check           (~20 s: benchmarks/gpu/cuda_shm_check.py)
 #   bash benchmarks/gpu/issue24_steps.sh tests-runtime       (~1 min: the GPU runtime and launched-
 #       path tests: graphs, streams, memory, the event-driven completions)
+#   bash benchmarks/gpu/issue24_steps.sh tests-hooked        (~1 min: tests-runtime's tests with the
+#       tuning hook's variables in $HOOK_SETS ("VAR=VALUE,VAR=VALUE"): a variant's correctness)
 #   bash benchmarks/gpu/issue24_steps.sh tests-cuda          (~1 min: the CUDA-shm GPU tests only)
 #   bash benchmarks/gpu/issue24_steps.sh copy-check          (~30 s: benchmarks/gpu/copy_check.py,
 #       a batch's per-request copies queued one driver call each or in one cuMemcpyBatchAsync)
@@ -139,6 +141,10 @@ for STEP in "$@"; do
     tests-runtime) timeout 150 python3 -m pytest -m gpu tests/gpu/test_runtime_gpu.py \
                      tests/gpu/test_launched_gpu.py -q \
                      -p no:cacheprovider -rs >"$R/gpu-tests-runtime.log" 2>&1 ;;
+    tests-hooked) env ${HOOK_SETS//,/ } PYTHONPATH=$PWD/benchmarks/gpu/tuning_hook:$PYTHONPATH \
+                    timeout 150 python3 -m pytest -m gpu tests/gpu/test_runtime_gpu.py \
+                    tests/gpu/test_launched_gpu.py -q -p no:cacheprovider -rs \
+                    >"$R/gpu-tests-hooked.log" 2>&1 ;;
     tests-cuda) timeout 200 python3 -m pytest -m gpu tests/gpu/test_cuda_shm_gpu.py \
                   tests/gpu/test_cuda_micro_batch_gpu.py -q -p no:cacheprovider -rs \
                   >"$R/gpu-tests-cuda.log" 2>&1 ;;

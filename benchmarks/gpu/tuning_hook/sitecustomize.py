@@ -41,6 +41,20 @@ changes nothing.
   the dispatched task waited to start. Every process also probes its event loop every 5 ms
   (a callback's wait for the loop's next iteration: how long ready work waits there), so the
   hops' time can be set against the loops' iteration lengths.
+- ``INFERMUX_BENCH_LAUNCHER=busy`` or ``always``: a graph-launched batch's rows are copied in on
+  the executor's loop as on main, and its graph replay, copies out and completion watch are
+  queued on one launcher thread of the process (FIFO, so each stream's work keeps its order);
+  ``busy`` does so only while another batch of the process is in flight (an idle GPU's batch
+  launches on the loop as on main, where the loop's polling of its completion keeps c=1's
+  latency), ``always`` for every batch (for the GPU tests). torch replays a graph without the
+  GIL (``wrap_pybind_function_no_gil``), so the replay's ~570 µs per batch at c=256
+  (``docs/benchmarks.md``, *The executor's loop at c=256, profiled on main*) leave the loop,
+  the stage that saturates first; the price is a thread hand-off per batch and the thread's
+  wait for the GIL after the replay. Asks whether that buys throughput at c=256.
+- ``INFERMUX_BENCH_SWITCH_US=N``: the executor process's GIL switch interval
+  (``sys.setswitchinterval``, 5,000 µs by default): how long a thread that wants the GIL back
+  (the completion thread after its ``sem_wait``, a launcher thread after its replay) waits at
+  most before the busy loop is made to yield it.
 """
 
 from __future__ import annotations
@@ -56,6 +70,8 @@ _FRONTEND_NICE = os.environ.get("INFERMUX_BENCH_FRONTEND_NICE", "")
 _FRONTEND_SHM = os.environ.get("INFERMUX_BENCH_FRONTEND_SHM", "")
 _URGENT = os.environ.get("INFERMUX_BENCH_URGENT", "")
 _FE_TIMING = os.environ.get("INFERMUX_BENCH_FE_TIMING", "")
+_LAUNCHER = os.environ.get("INFERMUX_BENCH_LAUNCHER", "")
+_SWITCH_US = os.environ.get("INFERMUX_BENCH_SWITCH_US", "")
 
 if _HOLD or _HOLD_US:
     from infermux.transport import grouping, micro_batcher
@@ -78,20 +94,33 @@ if _PAD_STEP:
     graphs.padding_sizes = _finer
 
 
-def _niced(module: ModuleType, nice: str) -> None:
-    """Have ``module.main`` (a process entry point the supervisor spawns) start at ``nice``."""
+def _before_main(module: ModuleType, first: object) -> None:
+    """Have ``module.main`` (a process entry point the supervisor spawns) call ``first()`` as it
+    starts."""
     main = module.main
 
-    def niced_main(*args: object, **kwargs: object) -> None:
-        os.nice(int(nice))
+    def wrapped_main(*args: object, **kwargs: object) -> None:
+        first()  # type: ignore[operator]
         main(*args, **kwargs)
 
     # The supervisor's spawn pickles the entry point by module and name: the child looks the
     # name up after this hook ran, so it starts here.
-    niced_main.__qualname__ = niced_main.__name__ = "main"
-    niced_main.__module__ = module.__name__
-    module.main = niced_main
+    wrapped_main.__qualname__ = wrapped_main.__name__ = "main"
+    wrapped_main.__module__ = module.__name__
+    module.main = wrapped_main
 
+
+def _niced(module: ModuleType, nice: str) -> None:
+    """Have ``module.main`` start at ``nice``."""
+    _before_main(module, lambda: os.nice(int(nice)))
+
+
+if _SWITCH_US:
+    import sys
+
+    from infermux.processes import executor as _executor
+
+    _before_main(_executor, lambda: sys.setswitchinterval(int(_SWITCH_US) / 1e6))
 
 if _NICE:
     from infermux.processes import executor
@@ -148,6 +177,82 @@ if _URGENT:
             own.stream = normal
 
     torch_gpu.GpuPath.launch = _by_size  # type: ignore[assignment]
+
+
+if _LAUNCHER:
+    import contextlib
+    import queue
+    import threading
+
+    from infermux.backends import torch_gpu as _torch_gpu
+    from infermux.runtime.completions import COMPLETIONS
+
+    if _LAUNCHER not in ("busy", "always"):
+        raise SystemExit(f"INFERMUX_BENCH_LAUNCHER must be busy or always, got {_LAUNCHER!r}")
+    _on_loop = _torch_gpu.GpuPath.launch
+    _jobs: queue.SimpleQueue[object] = queue.SimpleQueue()
+    _launcher: list[threading.Thread] = []
+
+    def _serve_jobs() -> None:
+        import torch
+
+        # inference_mode is thread-local: the replay's output views are inference tensors.
+        with torch.inference_mode():
+            while True:
+                _jobs.get()()  # type: ignore[operator]
+
+    def _threaded(
+        self: _torch_gpu.GpuPath, graph: object, requests: list[object], done: object
+    ) -> object:
+        if _LAUNCHER == "busy" and COMPLETIONS.watching == 0:
+            return _on_loop(self, graph, requests, done)  # type: ignore[arg-type]
+        import torch
+
+        if not _launcher:
+            thread = threading.Thread(target=_serve_jobs, name="gpu-launcher", daemon=True)
+            thread.start()
+            _launcher.append(thread)
+        own = self.stream
+        stream = own.stream
+        handle = stream.cuda_stream
+        device_id = own.device.index or 0
+        start, end = own._start, own._done
+        with torch.cuda.device(own.device), torch.cuda.stream(stream):
+            start.record(stream)
+            try:
+                self.copy_in(graph, requests, handle, device_id)  # type: ignore[arg-type]
+            except BaseException:
+                end.record(stream)
+                end.synchronize()
+                own.finished()
+                raise
+        box: dict[str, object] = {}
+
+        def job() -> None:
+            try:
+                with torch.cuda.device(own.device), torch.cuda.stream(stream):
+                    box["staged"] = self.replay(graph, requests, handle, device_id)  # type: ignore[arg-type]
+                    end.record(stream)
+                    COMPLETIONS.watch(handle, end, done)  # type: ignore[arg-type]
+            except BaseException as exc:
+                box["error"] = exc
+                with contextlib.suppress(Exception):
+                    end.record(stream)
+                    end.synchronize()
+                done()  # type: ignore[operator]
+
+        _jobs.put(job)
+
+        def collect() -> object:
+            error = box.get("error")
+            if error is not None:
+                own.finished()
+                raise error  # type: ignore[misc]
+            return self._collect(box["staged"], launched=True)  # type: ignore[arg-type]
+
+        return collect
+
+    _torch_gpu.GpuPath.launch = _threaded  # type: ignore[assignment]
 
 
 if _FE_TIMING:

@@ -130,36 +130,59 @@ class GpuPath:
         elsewhere are stacked into the pinned staging buffer first. Outputs a request wants in
         a client's CUDA shared memory (:attr:`~infermux.backends.base.ModelRequest.device_outputs`)
         are copied there from the graph's outputs, device to device, before ``done``."""
-        batching = self.context.config.batching
-        first = requests[0]
         device_id = self.stream.device.index or 0
         with self.stream.launching(done) as stream:
             handle = stream.cuda_stream
-            for key, target in graph.inputs.items():
-                if key in first.device_inputs:
-                    gpu = [part for r in requests for part in parts_of(r.device_inputs[key])]
-                    if all(part.device_id == device_id for part in gpu):
-                        parts = [(part.pointer, part.nbytes) for part in gpu]
-                        GATHER.copy(gathered(target.data_ptr(), parts), handle, device_id)
-                    else:
-                        _gather(gpu, target)
-                    continue
-                arrays = [r.inputs[key] for r in requests]
-                host = _pinned_parts(arrays)
-                if host is not None:
-                    DRIVER.copy(gathered(target.data_ptr(), host), handle)
-                else:
-                    self.staging.upload_into(key, self._stacked(key, arrays), target)
-            graph.graph.replay()
-            self.replays += 1
-            rows = sum(r.batch_size for r in requests) if batching else 0
-            if batching:
-                _write_device_outputs(graph, requests, handle, device_id)
-            staged = {
-                key: download(self.staging, key, value[:rows] if batching else value)
-                for key, value in graph.outputs.items()
-            }
+            self.copy_in(graph, requests, handle, device_id)
+            staged = self.replay(graph, requests, handle, device_id)
         return lambda: self._collect(staged, launched=True)
+
+    def copy_in(
+        self,
+        graph: CapturedGraph,
+        requests: Sequence[ModelRequest],
+        handle: int,
+        device_id: int,
+    ) -> None:
+        """The first half of :meth:`launch`: the batch's rows queued on the stream ``handle``
+        (current) into the graph's static inputs."""
+        first = requests[0]
+        for key, target in graph.inputs.items():
+            if key in first.device_inputs:
+                gpu = [part for r in requests for part in parts_of(r.device_inputs[key])]
+                if all(part.device_id == device_id for part in gpu):
+                    parts = [(part.pointer, part.nbytes) for part in gpu]
+                    GATHER.copy(gathered(target.data_ptr(), parts), handle, device_id)
+                else:
+                    _gather(gpu, target)
+                continue
+            arrays = [r.inputs[key] for r in requests]
+            host = _pinned_parts(arrays)
+            if host is not None:
+                DRIVER.copy(gathered(target.data_ptr(), host), handle)
+            else:
+                self.staging.upload_into(key, self._stacked(key, arrays), target)
+
+    def replay(
+        self,
+        graph: CapturedGraph,
+        requests: Sequence[ModelRequest],
+        handle: int,
+        device_id: int,
+    ) -> dict[str, object]:
+        """The second half of :meth:`launch`: the replay and the copies out, queued on the
+        stream ``handle`` (current) behind :meth:`copy_in`; returns the pinned tensors the
+        outputs are being copied into."""
+        batching = self.context.config.batching
+        graph.graph.replay()
+        self.replays += 1
+        rows = sum(r.batch_size for r in requests) if batching else 0
+        if batching:
+            _write_device_outputs(graph, requests, handle, device_id)
+        return {
+            key: download(self.staging, key, value[:rows] if batching else value)
+            for key, value in graph.outputs.items()
+        }
 
     def _stacked(self, key: str, arrays: list[npt.NDArray[Any]]) -> npt.NDArray[Any]:
         if len(arrays) == 1:
