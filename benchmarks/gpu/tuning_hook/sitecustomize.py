@@ -72,6 +72,7 @@ _URGENT = os.environ.get("INFERMUX_BENCH_URGENT", "")
 _FE_TIMING = os.environ.get("INFERMUX_BENCH_FE_TIMING", "")
 _LAUNCHER = os.environ.get("INFERMUX_BENCH_LAUNCHER", "")
 _SWITCH_US = os.environ.get("INFERMUX_BENCH_SWITCH_US", "")
+_GRAPH_EXEC = os.environ.get("INFERMUX_BENCH_GRAPH_EXEC", "")
 
 if _HOLD or _HOLD_US:
     from infermux.transport import grouping, micro_batcher
@@ -349,3 +350,91 @@ if _FE_TIMING:
         return run()
 
     channel_server.ChannelServer._infer = _resident  # type: ignore[assignment,method-assign]
+
+
+if _GRAPH_EXEC:
+    import ctypes
+
+    from infermux.runtime import graphs as _graphs
+
+    if _GRAPH_EXEC not in ("reinst", "driver"):
+        raise SystemExit(f"INFERMUX_BENCH_GRAPH_EXEC must be reinst or driver, got {_GRAPH_EXEC!r}")
+    _capture_one = _graphs._capture_one
+    _cuda_lib: list[object] = []
+
+    def _libcuda() -> object:
+        if not _cuda_lib:
+            lib = ctypes.CDLL("libcuda.so.1")
+            p = ctypes.c_void_p
+            for name, args in (
+                ("cuGraphLaunch", (p, p)),
+                ("cuGraphUpload", (p, p)),
+                ("cuGraphInstantiateWithFlags", (p, p, ctypes.c_ulonglong)),
+            ):
+                function = getattr(lib, name)
+                function.restype, function.argtypes = ctypes.c_int, args
+            _cuda_lib.append(lib)
+        return _cuda_lib[0]
+
+    def _checked(name: str, result: int) -> None:
+        if result != 0:
+            raise RuntimeError(f"{name} failed with CUDA error {result}")
+
+    class _DriverLaunched:
+        """Stands in for a ``torch.cuda.CUDAGraph`` in a ``CapturedGraph``: ``replay()`` launches
+        an executable graph on the current stream with ``cuGraphLaunch``; torch's graph is kept
+        (it owns the graph's memory pool)."""
+
+        def __init__(self, graph: object, stream: object) -> None:
+            import torch
+
+            self.torch_graph = graph
+            self._lib: object = _libcuda()
+            self._current = torch.cuda.current_stream
+            if _GRAPH_EXEC == "driver":
+                graph.instantiate()  # type: ignore[attr-defined]
+                self._exec = int(graph.raw_cuda_graph_exec())  # type: ignore[attr-defined]
+            else:
+                exec_ = ctypes.c_void_p()
+                raw = ctypes.c_void_p(int(graph.raw_cuda_graph()))  # type: ignore[attr-defined]
+                _checked(
+                    "cuGraphInstantiateWithFlags",
+                    self._lib.cuGraphInstantiateWithFlags(ctypes.byref(exec_), raw, 0),  # type: ignore[attr-defined]
+                )
+                self._exec = exec_.value or 0
+            handle = stream.cuda_stream  # type: ignore[attr-defined]
+            _checked("cuGraphUpload", self._lib.cuGraphUpload(self._exec, handle))  # type: ignore[attr-defined]
+
+        def replay(self) -> None:
+            handle = self._current().cuda_stream
+            _checked("cuGraphLaunch", self._lib.cuGraphLaunch(self._exec, handle))  # type: ignore[attr-defined]
+
+    class _KeptGraphs:
+        """``torch.cuda`` as ``_capture_one`` uses it, with graphs that keep their cudaGraph_t."""
+
+        def __init__(self) -> None:
+            import torch
+
+            self.graph = torch.cuda.graph
+
+        @staticmethod
+        def CUDAGraph() -> object:  # torch's name
+            import torch
+
+            return torch.cuda.CUDAGraph(keep_graph=True)  # type: ignore[call-arg]
+
+    def _captured_for_driver(
+        bucket: object,
+        inputs: object,
+        forward: object,
+        stream: object,
+        *,
+        pool: object,
+        cuda: object,
+    ) -> object:
+        captured = _capture_one(bucket, inputs, forward, stream, pool=pool, cuda=_KeptGraphs())  # type: ignore[arg-type]
+        stream.synchronize()  # type: ignore[attr-defined]
+        captured.graph = _DriverLaunched(captured.graph, stream)  # type: ignore[attr-defined, assignment]
+        return captured
+
+    _graphs._capture_one = _captured_for_driver  # type: ignore[assignment]
